@@ -1,0 +1,186 @@
+"""The materializer: the loop that turns bus topics into DuckDB tables.
+
+It reads every partition from the offsets stored in DuckDB, hands each poll to the store (one
+transaction per poll) and serves SQL to other processes while it holds the file. It survives a
+missing topic, an unreachable broker and a failed write by printing one line and retrying; it
+never exits on bad data (that goes to ``rejects``).
+
+It also writes ``<state_dir>/materializer.json`` every couple of seconds (lag, throughput, last
+error) for ``rankstream status``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from rankstream.config import Config
+from rankstream.consumers.source import KafkaSource, Source
+from rankstream.consumers.store import Store, summarize_lag
+from rankstream.errors import RankstreamError
+
+__all__ = ["Materializer", "MaterializerStatus", "status_path"]
+
+_RETRY_S = 2.0
+_STATUS_EVERY_S = 2.0
+
+
+@dataclass
+class MaterializerStatus:
+    pid: int
+    started_at: float
+    updated_at: float
+    messages: int = 0
+    events: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    lag_messages: int | None = None
+    events_per_s: float = 0.0
+    last_error: str | None = None
+
+
+def status_path(config: Config) -> Path:
+    return config.state_dir / "materializer.json"
+
+
+class Materializer:
+    def __init__(self, config: Config, store: Store, source: Source | None = None, *,
+                 log: Callable[[str], None] = print, max_records: int = 20_000) -> None:
+        from rankstream.schemas.topics import all_topics
+
+        self.config = config
+        self.store = store
+        self.source = source or KafkaSource(config, all_topics(config.topic_prefix))
+        self.log = log
+        self.max_records = max_records
+        self.status = MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
+        self._opened = False
+        self._last_complaint = ""
+        self._window = (time.monotonic(), 0)
+
+    def run(self, stop: threading.Event, until_caught_up: bool = False) -> MaterializerStatus:
+        """Consume until ``stop`` is set (or, with ``until_caught_up``, until the ends seen at start)."""
+        targets = None
+        last_status = 0.0
+        while not stop.is_set():
+            try:
+                self._open()
+                if until_caught_up and targets is None:
+                    targets = self.source.end_offsets()
+                result = self.store.write(self.source.poll(0.2, self.max_records))
+                self._account(result)
+                self._last_complaint = ""
+                self.status.last_error = None
+                if targets is not None and self._caught_up(targets):
+                    break
+            except RankstreamError as exc:
+                self._complain(str(exc))
+                self._close()
+                stop.wait(_RETRY_S)
+            except Exception as exc:  # DuckDB I/O (disk full...), never a traceback loop
+                self._complain(f"write failed, will retry: {type(exc).__name__}: {exc}")
+                self._close()
+                stop.wait(_RETRY_S)
+            now = time.monotonic()
+            if now - last_status >= _STATUS_EVERY_S:
+                last_status = now
+                self._publish_status()
+        self._publish_status()
+        self._close()
+        return self.status
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        from rankstream.deploy.kafka import ensure_topics
+
+        if isinstance(self.source, KafkaSource):
+            ensure_topics(self.config)
+        self.source.open(self.store.offsets())
+        self._opened = True
+
+    def _close(self) -> None:
+        if self._opened:
+            self.source.close()
+        self._opened = False
+
+    def _caught_up(self, targets: dict) -> bool:
+        stored = self.store.offsets()
+        return all(stored.get(position, 0) >= end for position, end in targets.items())
+
+    def _account(self, result) -> None:
+        status = self.status
+        status.messages += result.messages
+        status.events += result.events
+        status.rejected += result.rejected
+        status.duplicates += result.duplicates
+
+    def _complain(self, message: str) -> None:
+        self.status.last_error = message
+        if message != self._last_complaint:
+            self.log(f"rankstream materializer: {message} (retrying every {_RETRY_S:.0f} s)")
+            self._last_complaint = message
+
+    def _publish_status(self) -> None:
+        status = self.status
+        now = time.monotonic()
+        started, events = self._window
+        if now > started:
+            status.events_per_s = (status.events - events) / (now - started)
+        self._window = (now, status.events)
+        status.updated_at = time.time()
+        if self._opened:
+            try:
+                status.lag_messages = summarize_lag(self.source.end_offsets(), self.store.offsets())
+            except RankstreamError:
+                status.lag_messages = None
+        try:
+            path = status_path(self.config)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(asdict(status)))
+            os.replace(temporary, path)
+        except OSError:
+            pass
+
+
+def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild: bool = False,
+          query_server: bool = True, log: Callable[[str], None] = print) -> MaterializerStatus:
+    """Open the database (waiting while another process holds it), then materialize and serve SQL.
+
+    ``rebuild`` empties every projection and replays all partitions from offset 0; ``once``
+    stops when the offsets seen at start are reached.
+    """
+    from rankstream.consumers.query_server import QueryServer
+    from rankstream.consumers.store import open_writable
+    from rankstream.errors import DatabaseBusy
+
+    connection = None
+    while connection is None and not stop.is_set():
+        try:
+            connection = open_writable(config.db_path)
+        except DatabaseBusy as exc:
+            log(f"rankstream materializer: {exc} (retrying every {_RETRY_S:.0f} s)")
+            stop.wait(_RETRY_S)
+    if connection is None:
+        return MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
+    try:
+        store = Store(connection)
+        if rebuild:
+            store.reset()
+            log(f"rankstream materializer: emptied {config.db_path}; replaying every partition from offset 0")
+        server = QueryServer(connection, config.db_path) if query_server else None
+        if server:
+            server.start()
+        try:
+            return Materializer(config, store, log=log).run(stop, until_caught_up=once)
+        finally:
+            if server:
+                server.stop()
+    finally:
+        connection.close()

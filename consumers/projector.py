@@ -1,0 +1,126 @@
+"""The projector: decoded envelopes to one Arrow table per DuckDB table, per poll.
+
+Trace batches are merged column-wise without touching single events in Python: their dictionary
+codes are offset and concatenated, so a poll of a million events becomes a handful of numpy
+concatenations and one Arrow dictionary array per string column, which DuckDB loads directly.
+The low-volume payloads (FR entries, process groups, metadata, heartbeats) are built row by row.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from rankstream.schemas.envelope import Envelope, PayloadKind
+from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS
+from rankstream.schemas.trace import TRACE_INT_COLUMNS, TRACE_STRING_COLUMNS
+
+__all__ = ["project"]
+
+_SIZES = pa.list_(pa.list_(pa.int64()))
+_FRAMES = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
+_FR_TYPES = {
+    "input_sizes": _SIZES,
+    "output_sizes": _SIZES,
+    "input_dtypes": pa.list_(pa.string()),
+    "output_dtypes": pa.list_(pa.string()),
+    "frames": _FRAMES,
+}
+
+
+def _constant_strings(values: list[str], counts: list[int]) -> pa.DictionaryArray:
+    codes = np.repeat(np.arange(len(values), dtype=np.int32), counts)
+    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(values, pa.string()))
+
+
+def _trace_table(envelopes: list[Envelope]) -> pa.Table | None:
+    batches = [e.payload for e in envelopes if e.payload.count]
+    if not batches:
+        return None
+    counts = [b.count for b in batches]
+    owners = [e for e in envelopes if e.payload.count]
+    columns: dict[str, pa.Array] = {
+        "run_id": _constant_strings([e.run_id for e in owners], counts),
+        "rank": pa.array(np.repeat(np.array([e.rank for e in owners], dtype=np.int32), counts)),
+    }
+    for name in TRACE_STRING_COLUMNS:
+        codes, dictionary, offset = [], [], 0
+        for batch in batches:
+            batch_codes, values = batch.string_column(name)
+            codes.append(batch_codes.astype(np.int32) + offset)
+            dictionary += values
+            offset += len(values)
+        columns[name] = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(codes)), pa.array(dictionary, pa.string()))
+    for name in TRACE_INT_COLUMNS:
+        parts = [batch.int_column(name) for batch in batches]
+        values = np.concatenate([p[0] for p in parts])
+        mask = None if parts[0][1] is None else np.concatenate([p[1] for p in parts])
+        columns[name] = pa.array(values, type=pa.int64(), mask=mask)
+    columns["args"] = pa.array([a for batch in batches for a in batch.args], pa.string())
+    return pa.table(columns)
+
+
+def _json(value) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _rows_table(rows: list[dict], types: dict[str, pa.DataType] | None = None) -> pa.Table | None:
+    if not rows:
+        return None
+    names = list(rows[0])
+    types = types or {}
+    return pa.table({n: pa.array([r[n] for r in rows], type=types.get(n)) for n in names})
+
+
+def _fr_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+    rows = []
+    for e in envelopes:
+        for entry in e.payload.entries:
+            rows.append({"run_id": e.run_id, "rank": e.rank, "snapshot_ns": e.payload.snapshot_ns,
+                         **{name: entry[name] for name in FR_FIELDS}})
+    return rows
+
+
+def _group_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+    return [
+        {"run_id": e.run_id, "rank": e.rank, "reported_ns": e.sent_at_ns, **group}
+        for e in envelopes for group in e.payload.groups
+    ]
+
+
+def _heartbeat_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+    rows = []
+    for e in envelopes:
+        fields = e.payload.fields
+        rows.append({"run_id": e.run_id, "rank": e.rank, "session_id": e.session_id, "sent_ns": e.sent_at_ns,
+                     **{name: fields[name] for name in HEARTBEAT_COUNTERS},
+                     "final": fields["final"], "collectives": _json(fields["collectives"])})
+    return rows
+
+
+def _metadata_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+    rows = []
+    for e in envelopes:
+        fields = dict(e.payload.fields)
+        fields["metadata"] = _json(fields["metadata"])
+        rows.append({"run_id": e.run_id, "rank": e.rank, "world_size": e.world_size,
+                     "session_id": e.session_id, "sent_ns": e.sent_at_ns, **fields})
+    return rows
+
+
+def project(envelopes: list[Envelope]) -> dict[str, pa.Table]:
+    """Arrow tables keyed by DuckDB table name; tables with no rows are left out."""
+    by_kind: dict[PayloadKind, list[Envelope]] = {kind: [] for kind in PayloadKind}
+    for envelope in envelopes:
+        by_kind[envelope.kind].append(envelope)
+    tables = {
+        "trace_events": _trace_table(by_kind[PayloadKind.TRACE_BATCH]),
+        "fr_entries": _rows_table(_fr_rows(by_kind[PayloadKind.FR_BATCH]), _FR_TYPES),
+        "process_groups": _rows_table(_group_rows(by_kind[PayloadKind.PG_CONFIG]), {"ranks": pa.list_(pa.int32())}),
+        "heartbeats": _rows_table(_heartbeat_rows(by_kind[PayloadKind.HEARTBEAT])),
+        "rank_metadata": _rows_table(_metadata_rows(by_kind[PayloadKind.RANK_META])),
+    }
+    return {name: table for name, table in tables.items() if table is not None}

@@ -1,0 +1,123 @@
+"""Query the rankstream database from any process, whether or not a materializer holds it.
+
+``connect(db_path)`` finds its way in:
+
+* a materializer is running for this file: SQL goes to its query server (see ``query_server``);
+  results are at most one poll old and no file lock is ever taken;
+* nobody holds the file: each call opens it for that call only (read-only unless asked) and
+  closes it at once, so a long-lived client never keeps a materializer from starting;
+* another process holds the file without serving queries (a one-shot ``consume --once``):
+  calls wait for it to finish, up to ``wait_s``, then raise :class:`DatabaseBusy` naming it.
+
+Every call binds values as parameters; nothing the caller passes is pasted into SQL.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from rankstream.consumers.query_protocol import ServerError, read_response, send_request
+from rankstream.consumers.query_server import server_socket
+from rankstream.errors import DatabaseBusy, QueryError, RankstreamError
+
+__all__ = ["connect", "Database"]
+
+
+class Database:
+    """A handle on a rankstream DuckDB file. Methods mirror DuckDB's, returning copies of results."""
+
+    def __init__(self, db_path: Path, read_only: bool = True, wait_s: float = 10.0) -> None:
+        self.path = Path(db_path)
+        self.read_only = read_only
+        self.wait_s = wait_s
+
+    # -- results in the shape the caller wants -------------------------------------------------
+    def arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        return self._run(sql, params, write=False)
+
+    def fetchall(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
+        table = self.arrow(sql, params)
+        return list(zip(*(column.to_pylist() for column in table.columns))) if table.num_columns else []
+
+    def sql(self, sql: str, params: Sequence[Any] | None = None) -> duckdb.DuckDBPyRelation:
+        """A DuckDB relation over the result (held in memory), to filter, join or ``.df()`` further."""
+        result = self.arrow(sql, params)
+        return duckdb.connect().from_arrow(result)
+
+    def df(self, sql: str, params: Sequence[Any] | None = None):
+        """A pandas DataFrame (needs pandas installed)."""
+        try:
+            return self.arrow(sql, params).to_pandas()
+        except ModuleNotFoundError as exc:
+            raise RankstreamError("Database.df() needs pandas: pip install pandas (or use .arrow())") from exc
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run statements that write (flows creating result tables). Needs ``read_only=False``."""
+        if self.read_only:
+            raise QueryError("this Database was opened read-only; connect(read_only=False) to write")
+        return self._run(sql, params, write=True)
+
+    # -- routing ---------------------------------------------------------------------------------
+    def _run(self, sql: str, params: Sequence[Any] | None, write: bool) -> pa.Table:
+        deadline = time.monotonic() + self.wait_s
+        holder = ""
+        while True:
+            path = server_socket(self.path)
+            if path is not None:
+                try:
+                    return self._remote(path, sql, params, write)
+                except (ConnectionError, OSError):
+                    pass  # the server went away between lookup and call; fall through to the file
+            try:
+                return self._local(sql, params, write)
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower():
+                    raise QueryError(f"{self.path}: {exc}") from exc
+                holder = str(exc).split("Conflicting lock is held in", 1)[-1].strip()
+            if time.monotonic() >= deadline:
+                raise DatabaseBusy(
+                    f"{self.path} is held by another process ({holder or 'unknown'}) that serves no queries; "
+                    f"waited {self.wait_s:.0f} s. Run `rankstream up` (its materializer serves SQL) or wait for it."
+                )
+            time.sleep(0.1)
+
+    def _remote(self, socket_path: str, sql: str, params, write: bool) -> pa.Table:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(socket_path)
+            send_request(sock, sql, list(params) if params else None, write)
+            try:
+                return read_response(sock)
+            except ServerError as exc:
+                raise QueryError(str(exc)) from None
+
+    def _local(self, sql: str, params, write: bool) -> pa.Table:
+        if not self.path.exists() and not write:
+            raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
+        read_only = not write
+        connection = duckdb.connect(str(self.path), read_only=read_only)
+        try:
+            result = connection.execute(sql, params) if params else connection.execute(sql)
+            if result.description is None:
+                return pa.table({"ok": [True]})
+            return result.to_arrow_table()
+        except duckdb.IOException:
+            raise
+        except duckdb.Error as exc:
+            raise QueryError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            connection.close()
+
+
+def connect(db_path: str | Path | None = None, *, read_only: bool = True, wait_s: float = 10.0) -> Database:
+    """A :class:`Database` for ``db_path`` (default: the configured ``db_path``)."""
+    if db_path is None:
+        from rankstream.config import load_config
+
+        db_path = load_config().db_path
+    return Database(Path(db_path), read_only=read_only, wait_s=wait_s)

@@ -1,0 +1,147 @@
+"""The query server: SQL served by the process that holds the DuckDB file for writing.
+
+DuckDB lets only one process open a file while it is written, so while the materializer runs,
+everyone else (``rankstream sql``, the Python API, flows) sends SQL here instead. Each request
+runs on its own cursor of the materializer's connection, so it sees every committed poll (data at
+most one poll old, well under a second) and never takes a file lock. Read-only requests may only
+run SELECT/EXPLAIN statements; write requests (flows writing result tables) may run anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import tempfile
+import threading
+from pathlib import Path
+
+import duckdb
+
+from rankstream.consumers.query_protocol import (
+    READ_STATEMENT_TYPES,
+    read_request,
+    send_error,
+    send_table,
+    sidecar_path,
+)
+
+__all__ = ["QueryServer"]
+
+
+def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    return [statement.type.name for statement in cursor.extract_statements(sql)]
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: "_UnixServer"
+
+    def handle(self) -> None:
+        sock = self.request
+        while True:
+            try:
+                request = read_request(sock)
+            except (ConnectionError, OSError):
+                return
+            except ValueError as exc:
+                send_error(sock, f"bad request: {exc}")
+                return
+            try:
+                table = self.server.run(request["sql"], request.get("params"), bool(request.get("write")))
+            except duckdb.Error as exc:
+                send_error(sock, f"{type(exc).__name__}: {exc}")
+                continue
+            except PermissionError as exc:
+                send_error(sock, str(exc))
+                continue
+            except Exception as exc:  # answer every request; a dropped connection helps nobody
+                send_error(sock, f"internal error: {type(exc).__name__}: {exc}")
+                continue
+            send_table(sock, table)
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, connection: duckdb.DuckDBPyConnection) -> None:
+        super().__init__(path, _Handler)
+        self._connection = connection
+
+    def run(self, sql: str, params, write: bool):
+        cursor = self._connection.cursor()
+        try:
+            types = _statement_types(cursor, sql)
+            if not types:
+                raise PermissionError("no SQL statement given")
+            if not write and any(t not in READ_STATEMENT_TYPES for t in types):
+                raise PermissionError(
+                    f"this session is read-only: {', '.join(t for t in types if t not in READ_STATEMENT_TYPES)} "
+                    "statements need write access (rankstream sql --write)")
+            result = cursor.execute(sql, params) if params else cursor.execute(sql)
+            if result.description is None:
+                import pyarrow as pa
+
+                return pa.table({"ok": [True]})
+            return result.to_arrow_table()
+        finally:
+            cursor.close()
+
+
+class QueryServer:
+    """Serves SQL on a Unix socket and advertises it in ``<db>.server.json``."""
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, db_path: Path) -> None:
+        self._connection = connection
+        self._sidecar = sidecar_path(db_path)
+        self._socket_dir = tempfile.mkdtemp(prefix="rankstream-q-")
+        self._socket_path = os.path.join(self._socket_dir, "sql.sock")
+        self._server: _UnixServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._server = _UnixServer(self._socket_path, self._connection)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="rankstream-query", daemon=True)
+        self._thread.start()
+        temporary = self._sidecar.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"pid": os.getpid(), "socket": self._socket_path}))
+        os.replace(temporary, self._sidecar)
+
+    def stop(self) -> None:
+        try:
+            if json.loads(self._sidecar.read_text()).get("pid") == os.getpid():
+                self._sidecar.unlink()
+        except (OSError, ValueError):
+            pass
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        try:
+            os.unlink(self._socket_path)
+            os.rmdir(self._socket_dir)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "QueryServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def server_socket(db_path: Path) -> str | None:
+    """The socket of a live query server for ``db_path``, or None."""
+    try:
+        info = json.loads(sidecar_path(db_path).read_text())
+        pid, path = int(info["pid"]), str(info["socket"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return path if os.path.exists(path) else None

@@ -1,0 +1,147 @@
+"""Sources: where the materializer reads records from, by explicit partition and offset.
+
+No consumer group is used (groups on the embedded broker are slow to join and can jam): the
+materializer assigns every partition of its topics itself and seeks to the offsets it stored in
+DuckDB. A source also reports end offsets so ``status`` can show lag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+from rankstream.config import Config
+from rankstream.deploy.memory_bus import MemoryBus
+from rankstream.errors import BrokerUnavailable
+
+__all__ = ["Record", "Source", "KafkaSource", "MemorySource"]
+
+Position = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+class Source(Protocol):
+    def open(self, offsets: Mapping[Position, int]) -> None: ...
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]: ...
+    def end_offsets(self) -> dict[Position, int]: ...
+    def positions(self) -> dict[Position, int]: ...
+    def close(self) -> None: ...
+
+
+class KafkaSource:
+    """kafka-python consumer with ``assign()`` + ``seek()`` over all partitions of ``topics``."""
+
+    def __init__(self, config: Config, topics: list[str]) -> None:
+        self._config = config
+        self._topics = topics
+        self._consumer = None
+        self._partitions: list = []
+
+    def open(self, offsets: Mapping[Position, int]) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        from rankstream.deploy.kafka import client_options
+
+        self.close()
+        try:
+            consumer = KafkaConsumer(
+                **client_options(self._config),
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_bytes=64 << 20,
+                max_partition_fetch_bytes=32 << 20,
+                fetch_max_wait_ms=50,
+                bootstrap_timeout_ms=3000,
+                request_timeout_ms=10000,
+            )
+        except Exception as exc:
+            raise BrokerUnavailable(f"Kafka at {self._config.bootstrap_servers} did not answer: {exc}") from exc
+        partitions = []
+        for topic in self._topics:
+            numbers = consumer.partitions_for_topic(topic)
+            if not numbers:
+                consumer.close()
+                raise BrokerUnavailable(f"topic {topic!r} does not exist on {self._config.bootstrap_servers}")
+            partitions += [TopicPartition(topic, n) for n in sorted(numbers)]
+        consumer.assign(partitions)
+        for tp in partitions:
+            stored = offsets.get((tp.topic, tp.partition))
+            if stored is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, stored)
+        self._consumer = consumer
+        self._partitions = partitions
+
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except Exception as exc:
+            raise BrokerUnavailable(f"reading from {self._config.bootstrap_servers} failed: {exc}") from exc
+        return [
+            Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+            for messages in batches.values()
+            for m in messages
+        ]
+
+    def end_offsets(self) -> dict[Position, int]:
+        try:
+            ends = self._consumer.end_offsets(self._partitions)
+        except Exception as exc:
+            raise BrokerUnavailable(f"cannot read end offsets: {exc}") from exc
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
+    def positions(self) -> dict[Position, int]:
+        return {(tp.topic, tp.partition): self._consumer.position(tp) for tp in self._partitions}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close(autocommit=False)
+            except Exception:
+                pass
+            self._consumer = None
+
+
+class MemorySource:
+    """Reads a :class:`MemoryBus` the same way, for unit tests."""
+
+    def __init__(self, bus: MemoryBus, topics: list[str]) -> None:
+        self._bus = bus
+        self._topics = topics
+        self._next: dict[Position, int] = {}
+
+    def open(self, offsets: Mapping[Position, int]) -> None:
+        self._next = {
+            (topic, p): offsets.get((topic, p), 0) for topic in self._topics for p in range(self._bus.partitions)
+        }
+
+    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
+        records: list[Record] = []
+        for (topic, partition), offset in self._next.items():
+            room = max_records - len(records)
+            if room <= 0:
+                break
+            got = self._bus.read(topic, partition, offset, room)
+            records += [Record(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms) for r in got]
+            self._next[(topic, partition)] = offset + len(got)
+        return records
+
+    def end_offsets(self) -> dict[Position, int]:
+        return {pos: self._bus.end_offset(*pos) for pos in self._next}
+
+    def positions(self) -> dict[Position, int]:
+        return dict(self._next)
+
+    def close(self) -> None:
+        pass

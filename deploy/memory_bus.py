@@ -1,0 +1,61 @@
+"""An in-process stand-in for a Kafka cluster, for unit tests that must not need a broker.
+
+It keeps Kafka's contract where rankstream relies on it: per-partition ordered logs with offsets,
+the key hashed to a partition, and readers that seek to an offset. It is not durable and not
+shared between processes; integration tests use the real broker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+
+__all__ = ["MemoryBus", "BusRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class BusRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+class MemoryBus:
+    def __init__(self, partitions: int = 4) -> None:
+        self.partitions = partitions
+        self._logs: dict[str, list[list[BusRecord]]] = {}
+        self._lock = threading.Lock()
+        #: While False, every send fails as if the broker were unreachable.
+        self.available = True
+
+    def _topic(self, topic: str) -> list[list[BusRecord]]:
+        if topic not in self._logs:
+            self._logs[topic] = [[] for _ in range(self.partitions)]
+        return self._logs[topic]
+
+    def append(self, topic: str, key: bytes | None, value: bytes | None) -> BusRecord:
+        if not self.available:
+            raise ConnectionError("memory bus is unavailable")
+        with self._lock:
+            logs = self._topic(topic)
+            partition = zlib.crc32(key or b"") % self.partitions
+            record = BusRecord(topic, partition, len(logs[partition]), key, value, int(time.time() * 1000))
+            logs[partition].append(record)
+            return record
+
+    def topics(self) -> list[str]:
+        with self._lock:
+            return sorted(self._logs)
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        with self._lock:
+            return len(self._topic(topic)[partition])
+
+    def read(self, topic: str, partition: int, offset: int, limit: int) -> list[BusRecord]:
+        with self._lock:
+            return self._topic(topic)[partition][offset:offset + limit]

@@ -1,0 +1,220 @@
+"""Delivery: gets every encoded message to the bus, or to the spool, or counts it as dropped.
+
+Runs on the producer's sender thread. Its overflow policy, in order:
+
+1. broker up: hand the message to the transport (at most ``max_inflight_bytes`` unacknowledged);
+2. broker down or slow: keep it in memory, up to the same byte cap;
+3. beyond that: append it to the spool on disk, up to the spool's cap;
+4. beyond that: drop it and count it.
+
+While the spool holds anything, new messages go to the spool too, so what was queued first is
+sent first. The broker's health is a small state machine: ``DOWN`` (retry every
+``retry_interval_s``), ``PROBING`` (one message, or one spool segment, in flight) and ``UP``. A
+failed send drops to ``DOWN`` and the message goes to the spool; it is never retried in a loop.
+Transport callbacks may arrive on another thread; they only touch counters and queues under a
+lock, and all file I/O stays on the sender thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankstream.producers.spool import Spool, SpooledMessage
+from rankstream.producers.transport import Transport
+
+__all__ = ["Delivery", "DeliveryCounters", "Health"]
+
+
+class Health(enum.Enum):
+    DOWN = "down"
+    PROBING = "probing"
+    UP = "up"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryCounters:
+    events_sent: int
+    events_spooled: int
+    events_dropped: int
+    bytes_sent: int
+    pending_bytes: int
+    inflight_bytes: int
+    spool_bytes: int
+    health: str
+    last_error: str | None
+
+
+class _SegmentReplay:
+    def __init__(self, path: Path, outstanding: int) -> None:
+        self.path = path
+        self.outstanding = outstanding
+        self.failed = False
+
+
+class Delivery:
+    def __init__(self, transport: Transport, spool: Spool, max_inflight_bytes: int,
+                 retry_interval_s: float = 1.0) -> None:
+        self._transport = transport
+        self._spool = spool
+        self._cap = max_inflight_bytes
+        self._retry_interval = retry_interval_s
+        self._lock = threading.Lock()
+        self._health = Health.DOWN
+        self._next_retry = 0.0
+        self._pending: collections.deque[SpooledMessage] = collections.deque()
+        self._pending_bytes = 0
+        self._failed: collections.deque[SpooledMessage] = collections.deque()
+        self._inflight_bytes = 0
+        self._replay: _SegmentReplay | None = None
+        self._sent = self._spooled = self._dropped = self._bytes_sent = 0
+        self._last_error: str | None = None
+
+    # -- called on the sender thread -------------------------------------------------------
+    def submit(self, message: SpooledMessage) -> None:
+        size = len(message.value)
+        if self._spool.has_pending() or self._replay is not None:
+            self._to_spool(message)
+        elif self._health is Health.UP and not self._pending and self._inflight_bytes + size <= self._cap:
+            self._send(message, None)
+        elif self._pending_bytes + self._inflight_bytes + size <= self._cap:
+            self._pending.append(message)
+            self._pending_bytes += size
+        else:
+            self._to_spool(message)
+
+    def pump(self, now: float | None = None) -> None:
+        """Advance the state machine: retry, replay the spool, send what waits in memory."""
+        now = time.monotonic() if now is None else now
+        while self._failed:
+            with self._lock:
+                message = self._failed.popleft()
+            self._to_spool(message)
+        self._finish_replay()
+        if self._health is Health.DOWN and now >= self._next_retry:
+            self._next_retry = now + self._retry_interval
+            if self._transport.connect():
+                self._probe()
+            else:
+                self._last_error = getattr(self._transport, "last_error", None) or "broker unreachable"
+        if self._health is Health.UP:
+            if self._replay is None and self._spool.has_pending():
+                self._start_replay()
+            while self._pending and self._inflight_bytes + len(self._pending[0].value) <= self._cap:
+                message = self._pending.popleft()
+                self._pending_bytes -= len(message.value)
+                self._send(message, None)
+
+    def drain(self, timeout_s: float) -> None:
+        """At shutdown: deliver what is in flight and in memory; spool whatever is left.
+
+        A broker that is down gets one more connection attempt, not the whole timeout.
+        """
+        deadline = time.monotonic() + timeout_s
+        self._next_retry = 0.0
+        self.pump()
+        while time.monotonic() < deadline and self._health is not Health.DOWN:
+            if not self._pending and self._replay is None and not self._spool.has_pending():
+                break
+            time.sleep(0.005)
+            self.pump()
+        self._transport.flush(max(0.0, deadline - time.monotonic()))
+        self.pump()
+        while self._pending:
+            message = self._pending.popleft()
+            self._pending_bytes -= len(message.value)
+            self._to_spool(message)
+        self._spool.close()
+
+    def counters(self) -> DeliveryCounters:
+        with self._lock:
+            return DeliveryCounters(
+                events_sent=self._sent,
+                events_spooled=self._spooled,
+                events_dropped=self._dropped,
+                bytes_sent=self._bytes_sent,
+                pending_bytes=self._pending_bytes,
+                inflight_bytes=self._inflight_bytes,
+                spool_bytes=self._spool.bytes,
+                health=self._health.value,
+                last_error=self._last_error or self._spool.last_error,
+            )
+
+    def count_dropped(self, events: int) -> None:
+        with self._lock:
+            self._dropped += events
+
+    # -- internals --------------------------------------------------------------------------
+    def _probe(self) -> None:
+        if self._spool.has_pending():
+            self._health = Health.PROBING
+            self._start_replay()
+        elif self._pending:
+            self._health = Health.PROBING
+            message = self._pending.popleft()
+            self._pending_bytes -= len(message.value)
+            self._send(message, None)
+        else:
+            self._health = Health.UP
+
+    def _start_replay(self) -> None:
+        path = self._spool.oldest_segment()
+        if path is None:
+            return
+        messages = list(self._spool.read_segment(path))
+        if not messages:
+            self._spool.remove_segment(path)
+            return
+        replay = _SegmentReplay(path, len(messages))
+        self._replay = replay
+        for message in messages:
+            self._send(message, replay)
+
+    def _finish_replay(self) -> None:
+        replay = self._replay
+        if replay is None or replay.outstanding > 0:
+            return
+        self._replay = None
+        if replay.failed:
+            return  # the segment stays; it is resent whole later and the materializer dedups
+        self._spool.remove_segment(replay.path)
+
+    def _send(self, message: SpooledMessage, replay: _SegmentReplay | None) -> None:
+        with self._lock:
+            self._inflight_bytes += len(message.value)
+        try:
+            self._transport.send(message.topic, message.key, message.value,
+                                 lambda error: self._on_done(message, replay, error))
+        except Exception as exc:  # the transport refused synchronously (buffer full, not connected)
+            self._on_done(message, replay, exc)
+
+    def _on_done(self, message: SpooledMessage, replay: _SegmentReplay | None, error) -> None:
+        with self._lock:
+            self._inflight_bytes -= len(message.value)
+            if error is None:
+                self._sent += message.events
+                self._bytes_sent += len(message.value)
+                if self._health is Health.PROBING and replay is None:
+                    self._health = Health.UP
+            else:
+                self._last_error = f"{type(error).__name__}: {error}"[:300]
+                self._health = Health.DOWN
+                if replay is None:
+                    self._failed.append(message)
+            if replay is not None:
+                replay.outstanding -= 1
+                replay.failed = replay.failed or error is not None
+                if replay.outstanding == 0 and not replay.failed and self._health is Health.PROBING:
+                    self._health = Health.UP
+
+    def _to_spool(self, message: SpooledMessage) -> None:
+        if self._spool.append(message):
+            with self._lock:
+                self._spooled += message.events
+        else:
+            with self._lock:
+                self._dropped += message.events

@@ -1,0 +1,308 @@
+"""The rank-side producer: what a training process calls to put events on the bus.
+
+Guarantees, each tested:
+
+* constructing a Producer opens no connection and starts one daemon thread;
+* ``emit`` and the other ``emit_*`` calls only append to an in-memory queue (a ``deque``, whose
+  ``append`` is atomic under the GIL, so the training thread takes no lock) and return in well
+  under a microsecond; they never raise and never block;
+* the queue is bounded (``max_buffered_events``); events beyond it are dropped and counted;
+* everything else (cutting batches of ``batch_events`` or every ``flush_interval_s``, encoding,
+  sending, spooling, heartbeats) happens on the sender thread;
+* ``enabled=False`` turns every call into a no-op;
+* ``close()`` delivers what is buffered within ``close_timeout_s`` and then returns, whatever the
+  broker does.
+
+One row tuple per event is cheaper on the training thread than appending to eleven column
+lists; the sender thread turns rows into columns (``TraceBatch.from_rows``).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from rankstream.config import Config, load_config
+from rankstream.deploy.memory_bus import MemoryBus
+from rankstream.producers.delivery import Delivery
+from rankstream.producers.spool import Spool, SpooledMessage
+from rankstream.producers.transport import KafkaTransport, MemoryTransport, Transport
+from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
+from rankstream.schemas.envelope import PayloadKind, Stream
+from rankstream.schemas.records import FrBatch, Heartbeat, PgConfig, RankMeta
+from rankstream.schemas.topics import message_key, topic_for
+from rankstream.schemas.trace import TraceBatch
+
+__all__ = ["Producer", "ProducerStats"]
+
+#: How often the sender thread looks at the queue when idle.
+_TICK_S = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStats:
+    """Counters of one producer. ``events_*`` count trace events; control messages are not events."""
+
+    events_emitted: int
+    events_sent: int
+    events_spooled: int
+    events_dropped: int
+    bytes_sent: int
+    buffered_events: int
+    spool_bytes: int
+    broker: str
+    last_error: str | None
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+class Producer:
+    """Streams one rank's trace events, Flight Recorder entries and metadata to the bus.
+
+    ``transport`` (or ``bus``, an in-memory bus for tests) replaces Kafka; by default the
+    configured Kafka cluster or the embedded broker is used.
+    """
+
+    def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config | None = None,
+                 enabled: bool = True, metadata: Mapping[str, Any] | None = None,
+                 transport: Transport | None = None, bus: MemoryBus | None = None) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.world_size = world_size
+        self.enabled = enabled
+        self.session_id = uuid.uuid4().hex[:16]
+        self._emitted = 0
+        if not enabled:
+            for name in ("emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata",
+                         "set_collectives", "flush", "close"):
+                setattr(self, name, _noop)
+            return
+        self._config = config or load_config()
+        settings = self._config.producer
+        self._rows: collections.deque[tuple] = collections.deque()
+        self._max_rows = settings.max_buffered_events
+        self._dropped_on_emit = 0
+        self._control: collections.deque[tuple[PayloadKind, Any]] = collections.deque()
+        self._collectives: dict[str, Any] | None = None
+        self._seq = {stream: 0 for stream in Stream}
+        self._key = message_key(run_id, rank)
+        self._topics = {stream: topic_for(self._config.topic_prefix, stream) for stream in Stream}
+        if transport is None:
+            transport = MemoryTransport(bus) if bus is not None else KafkaTransport(self._config)
+        spool = Spool(self._config.spool_dir, run_id, rank, settings.spool_max_bytes)
+        self._delivery = Delivery(transport, spool, settings.max_inflight_bytes)
+        self._transport = transport
+        self._flush_requested = threading.Event()
+        self._flushed = threading.Event()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._closed = False
+        self._rank_meta = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at_ns": time.time_ns(),
+            "metadata": dict(metadata) if metadata else None,
+        }
+        self._control.append((PayloadKind.RANK_META, dict(self._rank_meta)))
+        self._thread = threading.Thread(target=self._run, name=f"rankstream-sender-r{rank}", daemon=True)
+        self._thread.start()
+
+    # -- training-thread API: append only ----------------------------------------------------
+    def emit(self, name: str, cat: str = "", ph: str = "X", ts_ns: int = 0, dur_ns: int = 0,
+             pid: int = 0, tid: int = 0, step: int | None = None, flow_id: int | None = None,
+             correlation_id: int | None = None, args: Mapping[str, Any] | None = None) -> None:
+        """Queue one trace event (Chrome trace semantics, nanosecond times). Never blocks or raises."""
+        rows = self._rows
+        if len(rows) < self._max_rows:
+            rows.append((name, cat, ph, ts_ns, dur_ns, pid, tid, step, flow_id, correlation_id, args))
+        else:
+            self._dropped_on_emit += 1
+
+    def emit_fr_entries(self, entries: Iterable[Mapping[str, Any]], snapshot_ns: int | None = None) -> None:
+        """Queue Flight Recorder entries already in rankstream's field names (see schemas.records)."""
+        self._control.append((PayloadKind.FR_BATCH, (list(entries), snapshot_ns or time.time_ns())))
+
+    def emit_process_groups(self, groups: Iterable[Mapping[str, Any]]) -> None:
+        """Queue the process groups this rank knows (``pg_name``, ``pg_desc``, ``ranks``, ``backend``)."""
+        self._control.append((PayloadKind.PG_CONFIG, [dict(g) for g in groups]))
+
+    def emit_rank_metadata(self, **fields: Any) -> None:
+        """Update and re-send rank metadata (versions, local rank, a new clock-sync sample...)."""
+        self._control.append((PayloadKind.RANK_META, fields))
+
+    def set_collectives(self, status: Mapping[str, Any]) -> None:
+        """The last enqueued/started/completed collective per group, carried by the next heartbeats."""
+        self._collectives = dict(status)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def stats(self) -> ProducerStats:
+        if not self.enabled:
+            return ProducerStats(0, 0, 0, 0, 0, 0, 0, "disabled", None)
+        counters = self._delivery.counters()
+        return ProducerStats(
+            events_emitted=self._emitted + len(self._rows),
+            events_sent=counters.events_sent,
+            events_spooled=counters.events_spooled,
+            events_dropped=counters.events_dropped + self._dropped_on_emit,
+            bytes_sent=counters.bytes_sent,
+            buffered_events=len(self._rows),
+            spool_bytes=counters.spool_bytes,
+            broker=counters.health,
+            last_error=counters.last_error,
+        )
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Cut and hand over everything queued so far; True if it was sent (not only spooled)."""
+        if self._closed:
+            return False
+        self._flushed.clear()
+        self._flush_requested.set()
+        self._flushed.wait(timeout_s)
+        counters = self._delivery.counters()
+        return not self._rows and counters.pending_bytes == 0 and counters.inflight_bytes == 0 \
+            and counters.spool_bytes == 0
+
+    def close(self, timeout_s: float | None = None) -> ProducerStats:
+        """Send what is buffered plus a final heartbeat, waiting at most ``timeout_s``; never raises."""
+        if self._closed:
+            return self.stats()
+        self._closed = True
+        self._close_timeout = self._config.producer.close_timeout_s if timeout_s is None else timeout_s
+        self._stopping.set()
+        self._stopped.wait(self._close_timeout + 1.0)
+        return self.stats()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- sender thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        settings = self._config.producer
+        last_cut = last_heartbeat = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                flush = self._flush_requested.is_set()
+                due = flush or now - last_cut >= settings.flush_interval_s
+                if len(self._rows) >= settings.batch_events or (due and self._rows):
+                    self._cut_trace_batches(whole=due)
+                    last_cut = now
+                elif due:
+                    last_cut = now
+                self._send_control()
+                if now - last_heartbeat >= settings.heartbeat_interval_s:
+                    self._send_heartbeat(final=False)
+                    last_heartbeat = now
+                self._delivery.pump(now)
+                if flush:
+                    self._wait_delivered(5.0)
+                    self._flush_requested.clear()
+                    self._flushed.set()
+                if len(self._rows) < settings.batch_events:
+                    self._stopping.wait(_TICK_S)
+            self._shutdown()
+        except Exception as exc:  # never let the sender thread die silently
+            self._delivery.count_dropped(len(self._rows))
+            self._rows.clear()
+            print(f"rankstream: producer sender thread stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            self._flushed.set()
+            self._stopped.set()
+
+    def _wait_delivered(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._delivery.pump()
+            counters = self._delivery.counters()
+            if counters.pending_bytes == 0 and counters.inflight_bytes == 0 and counters.spool_bytes == 0:
+                return
+            if counters.health == "down":
+                return
+            time.sleep(0.002)
+
+    def _shutdown(self) -> None:
+        self._cut_trace_batches(whole=True)
+        self._send_control()
+        self._send_heartbeat(final=True)
+        self._delivery.drain(timeout_s=self._close_timeout)
+        self._transport.close()
+
+    def _cut_trace_batches(self, whole: bool) -> None:
+        """Pop full batches (and, if ``whole``, the remainder) and encode them."""
+        size = self._config.producer.batch_events
+        rows_queue = self._rows
+        while len(rows_queue) >= size or (whole and rows_queue):
+            count = min(size, len(rows_queue))
+            rows = [rows_queue.popleft() for _ in range(count)]
+            self._emitted += count
+            self._send_trace_rows(rows)
+
+    def _send_trace_rows(self, rows: list[tuple]) -> None:
+        try:
+            wire = TraceBatch.from_rows(rows).to_wire()
+            self._submit(PayloadKind.TRACE_BATCH, wire, len(rows))
+        except _TooLarge:
+            if len(rows) == 1:
+                self._delivery.count_dropped(1)
+                return
+            half = len(rows) // 2
+            self._send_trace_rows(rows[:half])
+            self._send_trace_rows(rows[half:])
+        except Exception:  # a value the encoder cannot take: drop this batch, keep going
+            self._delivery.count_dropped(len(rows))
+
+    def _send_control(self) -> None:
+        while self._control:
+            kind, data = self._control.popleft()
+            try:
+                if kind is PayloadKind.FR_BATCH:
+                    entries, snapshot_ns = data
+                    wire = FrBatch(snapshot_ns=snapshot_ns, entries=entries).to_wire()
+                elif kind is PayloadKind.PG_CONFIG:
+                    wire = PgConfig(groups=data).to_wire()
+                else:  # RANK_META: merge the update into what was sent before
+                    self._rank_meta.update(data)
+                    wire = RankMeta(fields=dict(self._rank_meta)).to_wire()
+                self._submit(kind, wire, 0)
+            except Exception:
+                continue  # malformed user data: the consumer would reject it anyway
+
+    def _send_heartbeat(self, final: bool) -> None:
+        stats = self.stats()
+        wire = Heartbeat(fields={
+            "events_emitted": stats.events_emitted,
+            "events_sent": stats.events_sent,
+            "events_spooled": stats.events_spooled,
+            "events_dropped": stats.events_dropped,
+            "bytes_sent": stats.bytes_sent,
+            "buffered_events": stats.buffered_events,
+            "spool_bytes": stats.spool_bytes,
+            "final": final,
+            "collectives": self._collectives,
+        }).to_wire()
+        self._submit(PayloadKind.HEARTBEAT, wire, 0)
+
+    def _submit(self, kind: PayloadKind, wire: Any, events: int) -> None:
+        stream = kind.stream
+        value = encode_wire(run_id=self.run_id, rank=self.rank, world_size=self.world_size,
+                            session_id=self.session_id, seq=self._seq[stream], kind=kind, wire_payload=wire)
+        if len(value) > MAX_MESSAGE_BYTES:
+            raise _TooLarge()
+        self._seq[stream] += 1
+        self._delivery.submit(SpooledMessage(self._topics[stream], self._key, value, events))
+
+
+class _TooLarge(Exception):
+    """An encoded batch above the message cap; the caller splits it."""

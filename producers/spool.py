@@ -1,0 +1,138 @@
+"""The local spool: where encoded messages wait on disk while the broker cannot take them.
+
+Messages are appended to segment files in ``<spool_dir>/<run_id>/rank<rank>/``. The directory is
+per run and rank, not per process, so a restarted rank also resends what its previous process
+left behind (the materializer drops the repeats by batch key). Total size is capped; a message
+that does not fit is refused and the caller counts it as dropped. Disk errors never propagate:
+the spool just reports that it could not take the message.
+
+Record layout: ``u16 topic length, u16 key length, u32 value length, u32 events`` then the bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["Spool", "SpooledMessage"]
+
+_HEADER = struct.Struct("<HHII")
+_SEGMENT_BYTES = 8 << 20
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledMessage:
+    topic: str
+    key: bytes
+    value: bytes
+    events: int
+
+
+class Spool:
+    def __init__(self, root: Path, run_id: str, rank: int, max_bytes: int) -> None:
+        self.directory = Path(root) / _UNSAFE.sub("_", run_id) / f"rank{rank}"
+        self.max_bytes = max_bytes
+        self.last_error: str | None = None
+        self._writer = None
+        self._writer_path: Path | None = None
+        self._writer_size = 0
+        self._bytes = self._scan_size()
+
+    def _scan_size(self) -> int:
+        try:
+            return sum(p.stat().st_size for p in self.directory.glob("*.seg"))
+        except OSError:
+            return 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def has_pending(self) -> bool:
+        return self._bytes > 0
+
+    def append(self, message: SpooledMessage) -> bool:
+        """Write a message; False when it would exceed the cap or the disk refused it."""
+        topic = message.topic.encode()
+        size = _HEADER.size + len(topic) + len(message.key) + len(message.value)
+        if self._bytes + size > self.max_bytes:
+            return False
+        try:
+            if self._writer is None or self._writer_size >= _SEGMENT_BYTES:
+                self._open_segment()
+            self._writer.write(_HEADER.pack(len(topic), len(message.key), len(message.value), message.events))
+            self._writer.write(topic)
+            self._writer.write(message.key)
+            self._writer.write(message.value)
+            self._writer.flush()
+        except OSError as exc:
+            self.last_error = f"spool {self.directory}: {exc.strerror or exc}"
+            self._close_writer()
+            return False
+        self._writer_size += size
+        self._bytes += size
+        return True
+
+    def _open_segment(self) -> None:
+        self._close_writer()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._writer_path = self.directory / f"{time.time_ns():020d}-{os.getpid()}.seg"
+        self._writer = open(self._writer_path, "ab")
+        self._writer_size = 0
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError:
+                pass
+        self._writer = None
+
+    def oldest_segment(self) -> Path | None:
+        """The oldest segment, sealing the one being written if it is the only one left."""
+        try:
+            segments = sorted(self.directory.glob("*.seg"))
+        except OSError:
+            return None
+        if not segments:
+            return None
+        if segments[0] == self._writer_path:
+            self._close_writer()
+            self._writer_path = None
+        return segments[0]
+
+    @staticmethod
+    def read_segment(path: Path) -> Iterator[SpooledMessage]:
+        """Messages of one segment; a torn record at the end (crash mid-write) is ignored."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return
+        position = 0
+        while position + _HEADER.size <= len(data):
+            topic_len, key_len, value_len, events = _HEADER.unpack_from(data, position)
+            start = position + _HEADER.size
+            end = start + topic_len + key_len + value_len
+            if end > len(data):
+                return
+            topic = data[start:start + topic_len].decode()
+            key = data[start + topic_len:start + topic_len + key_len]
+            yield SpooledMessage(topic, key, data[start + topic_len + key_len:end], events)
+            position = end
+
+    def remove_segment(self, path: Path) -> None:
+        try:
+            size = path.stat().st_size
+            path.unlink()
+            self._bytes = max(0, self._bytes - size)
+        except OSError as exc:
+            self.last_error = f"spool {path}: {exc.strerror or exc}"
+
+    def close(self) -> None:
+        self._close_writer()

@@ -1,0 +1,112 @@
+"""Transports: how the producer's background thread hands encoded messages to a bus.
+
+A transport has four calls, all made from the producer's sender thread only:
+
+* ``connect()`` returns True when the bus is reachable (it may block for a couple of seconds);
+* ``send(topic, key, value, done)`` queues one message and later calls ``done(error_or_None)``;
+  it may raise, which the caller treats as a failed send;
+* ``flush(timeout_s)`` waits for queued messages; ``close()`` releases everything.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from rankstream.config import Config
+from rankstream.deploy.memory_bus import MemoryBus
+
+__all__ = ["Transport", "KafkaTransport", "MemoryTransport"]
+
+Done = Callable[[BaseException | None], None]
+
+
+class Transport(Protocol):
+    def connect(self) -> bool: ...
+    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None: ...
+    def flush(self, timeout_s: float) -> None: ...
+    def close(self) -> None: ...
+
+
+class KafkaTransport:
+    """kafka-python's KafkaProducer, created lazily on the sender thread (construction connects)."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._producer = None
+        self.last_error: str | None = None
+
+    def connect(self) -> bool:
+        if self._producer is not None:
+            return True
+        from kafka import KafkaProducer
+
+        from rankstream.deploy.kafka import client_options, ensure_topics
+
+        settings = self._config.producer
+        try:
+            ensure_topics(self._config, timeout_s=2.0)
+            self._producer = KafkaProducer(
+                **client_options(self._config),
+                compression_type=None if settings.compression == "none" else settings.compression,
+                linger_ms=5,
+                batch_size=1 << 20,
+                max_request_size=24 << 20,
+                max_block_ms=200,
+                request_timeout_ms=3000,
+                delivery_timeout_ms=8000,
+                bootstrap_timeout_ms=2000,
+                enable_idempotence=True,
+                acks="all",
+            )
+        except Exception as exc:  # unreachable broker, bad credentials, ...
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return False
+        self.last_error = None
+        return True
+
+    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None:
+        if self._producer is None:
+            raise ConnectionError("not connected")
+        future = self._producer.send(topic, key=key, value=value)
+        future.add_callback(lambda _metadata: done(None))
+        future.add_errback(done)
+
+    def flush(self, timeout_s: float) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.flush(timeout=timeout_s)
+            except Exception as exc:  # KafkaTimeoutError: the undelivered messages fail via errbacks
+                self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0.5)
+            except Exception:
+                pass
+            self._producer = None
+
+
+class MemoryTransport:
+    """Sends to a :class:`MemoryBus`; acknowledges synchronously."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus = bus
+        self.last_error: str | None = None
+
+    def connect(self) -> bool:
+        return self.bus.available
+
+    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None:
+        try:
+            self.bus.append(topic, key, value)
+        except ConnectionError as exc:
+            done(exc)
+            return
+        done(None)
+
+    def flush(self, timeout_s: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

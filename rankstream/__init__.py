@@ -1,0 +1,24 @@
+"""rankstream: stream PyTorch profiler traces and Flight Recorder entries from every rank
+through Kafka into DuckDB, live, and analyze them across ranks.
+
+Rank side: :class:`Producer` (``rankstream.producers``). Query side: :func:`connect`.
+"""
+
+__version__ = "0.1.0"
+
+from rankstream.errors import RankstreamError  # noqa: E402
+
+__all__ = ["RankstreamError", "Producer", "connect", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy, so that `import rankstream` on a rank does not import duckdb or pyarrow.
+    if name == "Producer":
+        from rankstream.producers import Producer
+
+        return Producer
+    if name == "connect":
+        from rankstream.consumers.query import connect
+
+        return connect
+    raise AttributeError(f"module 'rankstream' has no attribute {name!r}")

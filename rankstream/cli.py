@@ -1,0 +1,208 @@
+"""The ``rankstream`` command line.
+
+Every command resolves one :class:`~rankstream.config.Config` from its flags, the environment and
+the config file. Errors are printed as one line (``rankstream: error: ...``) with exit code 2;
+tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rankstream.config import Config, load_config
+from rankstream.errors import RankstreamError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Stream PyTorch traces and Flight Recorder entries from every rank into DuckDB.")
+broker_app = typer.Typer(no_args_is_help=True, help="The embedded local broker (Tansu on 127.0.0.1).")
+app.add_typer(broker_app, name="broker")
+
+console = Console()
+errors = Console(stderr=True)
+
+
+class _State:
+    overrides: dict[str, Any] = {}
+
+
+def config(**extra: Any) -> Config:
+    return load_config({**_State.overrides, **{k: v for k, v in extra.items() if v is not None}})
+
+
+@app.callback()
+def _global_options(
+    db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file (default ./rankstream.duckdb)."),
+    state_dir: Optional[Path] = typer.Option(None, help="Pid files, logs and spool (default ./.rankstream)."),
+    bootstrap: Optional[str] = typer.Option(None, help="Kafka bootstrap servers (default: the embedded broker)."),
+    topic_prefix: Optional[str] = typer.Option(None, help="Topic name prefix (default rankstream)."),
+    broker_port: Optional[int] = typer.Option(None, help="Port of the embedded broker (default 29092)."),
+) -> None:
+    _State.overrides = {k: v for k, v in {
+        "db_path": db, "state_dir": state_dir, "kafka.bootstrap_servers": bootstrap,
+        "topic_prefix": topic_prefix, "broker_port": broker_port,
+    }.items() if v is not None}
+
+
+# -- broker ---------------------------------------------------------------------------------------
+@broker_app.command("start")
+def broker_start() -> None:
+    """Start the embedded broker and wait until it answers."""
+    from rankstream.deploy.broker import start_broker
+
+    state = start_broker(config())
+    console.print(f"broker up: {state.bootstrap} (pid {state.pid}, log {state.log})")
+
+
+@broker_app.command("stop")
+def broker_stop() -> None:
+    """Stop the embedded broker (its topics are lost: it keeps them in memory)."""
+    from rankstream.deploy.broker import stop_broker
+
+    console.print("broker stopped" if stop_broker(config()) else "no embedded broker was running")
+
+
+@broker_app.command("status")
+def broker_status_command() -> None:
+    """Say whether the embedded broker runs, and where."""
+    from rankstream.deploy.broker import broker_status
+
+    state = broker_status(config())
+    if state is None:
+        console.print("embedded broker: not running")
+        raise typer.Exit(1)
+    console.print(f"embedded broker: running at {state.bootstrap} (pid {state.pid})")
+
+
+# -- services -------------------------------------------------------------------------------------
+@app.command()
+def up() -> None:
+    """Start the embedded broker (unless a cluster is configured) and a background materializer."""
+    from rankstream.deploy.services import up as start
+
+    cfg = config()
+    services = start(cfg)
+    where = services.broker.bootstrap if services.broker else cfg.bootstrap_servers
+    console.print(f"up: broker {where}, materializer pid {services.materializer_pid} -> {cfg.db_path}")
+
+
+@app.command()
+def down() -> None:
+    """Stop what `rankstream up` started."""
+    from rankstream.deploy.services import down as stop
+
+    stopped = stop(config())
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@app.command()
+def consume(
+    once: bool = typer.Option(False, help="Stop when the offsets seen at start are reached."),
+    rebuild: bool = typer.Option(False, help="Empty every table and replay all partitions from offset 0."),
+    serve_sql: bool = typer.Option(True, "--serve-sql/--no-serve-sql", help="Serve SQL to other processes."),
+) -> None:
+    """Materialize the topics into DuckDB in the foreground (Ctrl-C stops cleanly)."""
+    from rankstream.consumers.materializer import serve
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    cfg = config()
+    errors.print(f"rankstream consume: {cfg.bootstrap_servers} -> {cfg.db_path}")
+    status = serve(cfg, stop, once=once, rebuild=rebuild, query_server=serve_sql,
+                   log=lambda line: errors.print(line, markup=False, highlight=False))
+    errors.print(f"consumed {status.messages} messages, {status.events} events, "
+                 f"{status.rejected} rejected, {status.duplicates} duplicates skipped")
+
+
+# -- queries --------------------------------------------------------------------------------------
+def _print_table(table, output: str) -> None:
+    rows = table.to_pylist()
+    if output == "json":
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
+    elif output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(table.column_names)
+        writer.writerows([[row[name] for name in table.column_names] for row in rows])
+    else:
+        view = Table(*table.column_names, show_lines=False)
+        for row in rows:
+            view.add_row(*["" if v is None else str(v) for v in row.values()])
+        console.print(view)
+        console.print(f"{table.num_rows} row(s)", style="dim")
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="SQL to run, e.g. \"SELECT count(*) FROM trace_events\"."),
+    db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file (overrides the global --db)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON array."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print the rows as CSV."),
+    write: bool = typer.Option(False, "--write", help="Allow statements that change the database."),
+    param: list[str] = typer.Option([], "--param", "-p", help="A value for the next ? placeholder."),
+) -> None:
+    """Run SQL against the database, live: through the materializer while it runs."""
+    from rankstream.consumers.query import connect
+
+    database = connect(config(db_path=db).db_path, read_only=not write)
+    table = (database.execute if write else database.arrow)(query, param or None)
+    _print_table(table, "json" if as_json else "csv" if as_csv else "table")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
+    """Runs, ranks, events, lag, rejects and dropped events."""
+    from rankstream.status import collect_status, render_status
+
+    report = collect_status(config())
+    if as_json:
+        sys.stdout.write(json.dumps(report, default=str) + "\n")
+    else:
+        render_status(report, console)
+
+
+@app.command()
+def demo(
+    ranks: int = typer.Option(4, help="Producer processes (simulated ranks)."),
+    steps: int = typer.Option(20, help="Training steps per rank."),
+    events_per_step: int = typer.Option(2000, help="Trace events per rank and step."),
+) -> None:
+    """Start what is needed, stream a synthetic multi-rank job, show what was captured, stop."""
+    from rankstream.demo import run_demo
+
+    run_demo(config(), ranks=ranks, steps=steps, events_per_step=events_per_step, console=console)
+
+
+def main() -> None:
+    try:
+        code = app(standalone_mode=False)
+    except RankstreamError as exc:
+        errors.print(f"rankstream: error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        errors.print("rankstream: interrupted")
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

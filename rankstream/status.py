@@ -1,0 +1,97 @@
+"""``rankstream status``: what is running, what was captured, and what was lost.
+
+Loss is reported two ways: the producers' own counters (dropped, spooled) from their latest
+heartbeats, and sequence gaps seen by the materializer (messages that never arrived).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rankstream.config import Config
+
+__all__ = ["collect_status", "render_status"]
+
+RUNS_SQL = """
+WITH latest_heartbeat AS (
+    SELECT * FROM heartbeats
+    QUALIFY row_number() OVER (PARTITION BY run_id, rank, session_id ORDER BY sent_ns DESC) = 1
+), batches AS (
+    SELECT run_id, sum(events) AS events,
+           sum(CASE WHEN kind = 'fr_batch' THEN 1 ELSE 0 END) AS fr_batches
+    FROM ingested_batches GROUP BY run_id
+), gaps AS (
+    SELECT run_id, sum(max_seq + 1 - n) AS missing_messages
+    FROM (SELECT run_id, rank, stream, session_id, max(seq) AS max_seq, count(*) AS n
+          FROM ingested_batches GROUP BY ALL)
+    GROUP BY run_id
+), fr AS (
+    SELECT run_id, count(*) AS fr_entries FROM fr_entries GROUP BY run_id
+), producers AS (
+    SELECT run_id, sum(events_dropped) AS dropped, sum(events_spooled) AS spooled,
+           max(sent_ns) AS last_heartbeat_ns, count(DISTINCT rank) AS ranks_heartbeating
+    FROM latest_heartbeat GROUP BY run_id
+)
+SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.run_id) AS ranks_seen,
+       r.started_at, r.ended_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
+       coalesce(p.dropped, 0) AS dropped, coalesce(p.spooled, 0) AS spooled,
+       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns
+FROM runs r
+LEFT JOIN batches b USING (run_id) LEFT JOIN gaps g USING (run_id)
+LEFT JOIN fr USING (run_id) LEFT JOIN producers p USING (run_id)
+ORDER BY r.started_at DESC
+"""
+
+
+def collect_status(config: Config) -> dict[str, Any]:
+    from rankstream.consumers.materializer import status_path
+    from rankstream.consumers.query import connect
+    from rankstream.deploy.broker import broker_status
+    from rankstream.deploy.services import materializer_pid
+
+    report: dict[str, Any] = {"db_path": str(config.db_path), "bootstrap_servers": config.bootstrap_servers}
+    broker = broker_status(config) if config.uses_embedded_broker else None
+    report["embedded_broker"] = None if broker is None else {"pid": broker.pid, "bootstrap": broker.bootstrap}
+    pid = materializer_pid(config)
+    materializer: dict[str, Any] = {"running": pid is not None, "pid": pid}
+    try:
+        materializer.update(json.loads(status_path(config).read_text()))
+        materializer["status_age_s"] = round(time.time() - materializer["updated_at"], 1)
+    except (OSError, ValueError, KeyError):
+        pass
+    report["materializer"] = materializer
+    if not config.db_path.exists():
+        report["runs"], report["rejects"] = [], 0
+        return report
+    database = connect(config.db_path)
+    report["runs"] = database.arrow(RUNS_SQL).to_pylist()
+    report["rejects"] = database.fetchall("SELECT count(*) FROM rejects")[0][0]
+    return report
+
+
+def render_status(report: dict[str, Any], console: Console) -> None:
+    broker = report["embedded_broker"]
+    console.print(f"database: {report['db_path']}")
+    console.print(f"kafka: {report['bootstrap_servers']}"
+                  + (f" (embedded broker pid {broker['pid']})" if broker else ""))
+    m = report["materializer"]
+    if m.get("running"):
+        lag = m.get("lag_messages")
+        console.print(f"materializer: running (pid {m['pid']}), lag {'?' if lag is None else lag} messages, "
+                      f"{m.get('events_per_s', 0):,.0f} events/s"
+                      + (f", last error: {m['last_error']}" if m.get("last_error") else ""))
+    else:
+        console.print("materializer: not running")
+    table = Table("run", "world", "ranks", "started", "ended", "events", "fr entries", "dropped",
+                  "spooled", "missing msgs", title="runs")
+    for run in report["runs"]:
+        table.add_row(str(run["run_id"]), str(run["world_size"]), str(run["ranks_seen"]), str(run["started_at"]),
+                      str(run["ended_at"] or "running"), f"{run['events']:,}", f"{run['fr_entries']:,}",
+                      f"{run['dropped']:,}", f"{run['spooled']:,}", f"{run['missing_messages']:,}")
+    console.print(table)
+    console.print(f"rejected messages: {report['rejects']}" + (" (see the rejects table)" if report["rejects"] else ""))

@@ -1,0 +1,213 @@
+"""Trace-event batches: the column-oriented payload that carries almost all of the volume.
+
+On the wire a batch is ``{"n": count, "str": {col: [values, codes]}, "int": {col: bytes}, "args": [...]}``:
+
+* string columns (``name``, ``cat``, ``ph``) are dictionary-encoded: the distinct values once,
+  plus one little-endian uint32 code per event. Op names repeat constantly, so this is both
+  smaller on the broker and far faster to load than a list of strings;
+* integer columns are little-endian int64 buffers; ``NULL_INT`` marks a missing value in the
+  nullable ones (``step``, ``flow_id``, ``correlation_id``);
+* ``args`` is one JSON text (or nil) per event, encoded on the producer's background thread.
+
+Building a batch (:meth:`TraceBatch.from_rows`) needs only the standard library, so the
+rank-side producer does not import numpy. Reading one (:meth:`TraceBatch.from_wire`) validates
+every length and code with numpy, because the consumer must refuse bad input before it reaches
+DuckDB.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from rankstream.schemas.fields import PayloadError
+
+__all__ = [
+    "TraceBatch",
+    "TRACE_STRING_COLUMNS",
+    "TRACE_INT_COLUMNS",
+    "TRACE_NULLABLE_COLUMNS",
+    "TRACE_ROW_FIELDS",
+    "NULL_INT",
+    "MAX_BATCH_EVENTS",
+]
+
+NULL_INT = -(2**63)
+MAX_BATCH_EVENTS = 1_000_000
+#: A span longer than 30 days is a corrupt timestamp, not a measurement.
+MAX_DURATION_NS = 30 * 24 * 3600 * 10**9
+
+TRACE_STRING_COLUMNS = ("name", "cat", "ph")
+TRACE_INT_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "step", "flow_id", "correlation_id")
+TRACE_NULLABLE_COLUMNS = frozenset({"step", "flow_id", "correlation_id"})
+#: Order of the fields in one producer row tuple.
+TRACE_ROW_FIELDS = TRACE_STRING_COLUMNS + TRACE_INT_COLUMNS + ("args",)
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _dictionary_encode(values: Sequence[Any]) -> tuple[list[str], bytes]:
+    index: dict[Any, int] = {}
+    try:
+        codes = array("I", [index.setdefault(v, len(index)) for v in values])
+    except TypeError:  # an unhashable value: fall back to its text
+        index.clear()
+        codes = array("I", [index.setdefault(str(v), len(index)) for v in values])
+    if _BIG_ENDIAN:
+        codes.byteswap()
+    return [v if type(v) is str else str(v) for v in index], codes.tobytes()
+
+
+def _int_column(values: Sequence[Any]) -> bytes:
+    try:
+        column = array("q", values)
+    except (TypeError, OverflowError):
+        column = array("q", [_to_int(v) for v in values])
+    if _BIG_ENDIAN:
+        column.byteswap()
+    return column.tobytes()
+
+
+def _to_int(value: Any) -> int:
+    if value is None:
+        return NULL_INT
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return NULL_INT
+    return number if -(2**63) < number < 2**63 else NULL_INT
+
+
+def _args_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if type(value) is str:
+        return value
+    try:
+        return json.dumps(value, separators=(",", ":"), default=str, allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps({"unserializable": repr(value)[:200]})
+
+
+@dataclass(frozen=True, slots=True)
+class TraceBatch:
+    """A batch of trace events in wire layout (see the module docstring)."""
+
+    count: int
+    strings: Mapping[str, tuple[list[str], bytes]]
+    ints: Mapping[str, bytes]
+    args: list[str | None]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple]) -> "TraceBatch":
+        """Build a batch from producer row tuples ordered as ``TRACE_ROW_FIELDS``."""
+        if not rows:
+            columns: list[Sequence[Any]] = [() for _ in TRACE_ROW_FIELDS]
+        else:
+            columns = list(zip(*rows))
+        by_name = dict(zip(TRACE_ROW_FIELDS, columns))
+        return cls(
+            count=len(rows),
+            strings={name: _dictionary_encode(by_name[name]) for name in TRACE_STRING_COLUMNS},
+            ints={name: _int_column(by_name[name]) for name in TRACE_INT_COLUMNS},
+            args=[_args_text(a) for a in by_name["args"]],
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "n": self.count,
+            "str": {name: [values, codes] for name, (values, codes) in self.strings.items()},
+            "int": dict(self.ints),
+            "args": self.args,
+        }
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> "TraceBatch":
+        """Validate a decoded wire map; raises :class:`PayloadError` naming the first problem."""
+        import numpy as np
+
+        if not isinstance(wire, dict):
+            raise PayloadError("trace batch: expected a map")
+        count = wire.get("n")
+        if type(count) is not int or not 0 <= count <= MAX_BATCH_EVENTS:
+            raise PayloadError(f"trace batch: event count {count!r} is not an integer in 0..{MAX_BATCH_EVENTS}")
+        strings_in, ints_in, args = wire.get("str"), wire.get("int"), wire.get("args")
+        if not isinstance(strings_in, dict) or not isinstance(ints_in, dict):
+            raise PayloadError("trace batch: 'str' and 'int' must be maps of columns")
+        strings: dict[str, tuple[list[str], bytes]] = {}
+        for name in TRACE_STRING_COLUMNS:
+            column = strings_in.get(name)
+            if not isinstance(column, (list, tuple)) or len(column) != 2:
+                raise PayloadError(f"trace batch: string column {name!r} is missing or not [values, codes]")
+            values, codes = column
+            if not isinstance(values, list) or any(type(v) is not str for v in values):
+                raise PayloadError(f"trace batch: column {name!r} dictionary must be a list of strings")
+            if type(codes) is not bytes or len(codes) != 4 * count:
+                raise PayloadError(f"trace batch: column {name!r} codes must be {4 * count} bytes")
+            if count and int(np.frombuffer(codes, "<u4").max()) >= len(values):
+                raise PayloadError(f"trace batch: column {name!r} has a code outside its dictionary")
+            strings[name] = (values, codes)
+        ints: dict[str, bytes] = {}
+        for name in TRACE_INT_COLUMNS:
+            column = ints_in.get(name)
+            if type(column) is not bytes or len(column) != 8 * count:
+                raise PayloadError(f"trace batch: integer column {name!r} must be {8 * count} bytes")
+            ints[name] = column
+        if not isinstance(args, list) or len(args) != count:
+            raise PayloadError(f"trace batch: 'args' must be a list of {count} entries")
+        if any(a is not None and type(a) is not str for a in args):
+            raise PayloadError("trace batch: every 'args' entry must be JSON text or nil")
+        batch = cls(count=count, strings=strings, ints=ints, args=args)
+        batch._check_values()
+        return batch
+
+    def _check_values(self) -> None:
+        import numpy as np
+
+        if not self.count:
+            return
+        ts = np.frombuffer(self.ints["ts_ns"], "<i8")
+        dur = np.frombuffer(self.ints["dur_ns"], "<i8")
+        if int(ts.min()) < 0:
+            raise PayloadError("trace batch: negative timestamp")
+        if int(dur.min()) < 0 or int(dur.max()) > MAX_DURATION_NS:
+            raise PayloadError("trace batch: duration is negative or longer than 30 days")
+
+    def string_column(self, name: str):
+        """``(codes as uint32 numpy array, dictionary values)`` of a string column."""
+        import numpy as np
+
+        values, codes = self.strings[name]
+        return np.frombuffer(codes, "<u4"), values
+
+    def int_column(self, name: str):
+        """``(int64 numpy array, null mask or None)`` of an integer column."""
+        import numpy as np
+
+        column = np.frombuffer(self.ints[name], "<i8")
+        if name in TRACE_NULLABLE_COLUMNS:
+            return column, column == NULL_INT
+        return column, None
+
+
+def upcast_v1(wire: Any) -> dict[str, Any]:
+    """Version 1 was row-oriented: ``{"events": [{"name", "cat", "ph", "ts_ns", "dur_ns", ...}]}``.
+
+    It is still accepted so that simple producers (or old spools) can send a list of event maps.
+    """
+    if not isinstance(wire, dict) or not isinstance(wire.get("events"), list):
+        raise PayloadError("trace batch v1: expected {'events': [...]}")
+    rows = []
+    for event in wire["events"]:
+        if not isinstance(event, dict):
+            raise PayloadError("trace batch v1: every event must be a map")
+        if type(event.get("name")) is not str or type(event.get("ts_ns")) is not int:
+            raise PayloadError("trace batch v1: every event needs a string 'name' and an integer 'ts_ns'")
+        rows.append(tuple(
+            event.get(field, "" if field in TRACE_STRING_COLUMNS else (0 if field in ("dur_ns", "pid", "tid") else None))
+            for field in TRACE_ROW_FIELDS
+        ))
+    return TraceBatch.from_rows(rows).to_wire()
