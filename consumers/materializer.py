@@ -103,6 +103,10 @@ class Materializer:
             ensure_topics(self.config)
         self.source.open(self.store.offsets())
         self._opened = True
+        reset = getattr(self.source, "reset_partitions", [])
+        if reset:
+            self.log(f"rankstream materializer: {len(reset)} partition(s) are shorter than the stored offsets "
+                     "(the broker lost its log); reading them again from the start")
 
     def _close(self) -> None:
         if self._opened:
@@ -150,7 +154,8 @@ class Materializer:
 
 
 def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild: bool = False,
-          query_server: bool = True, log: Callable[[str], None] = print) -> MaterializerStatus:
+          query_server: bool = True, max_messages: int = 20_000,
+          log: Callable[[str], None] = print) -> MaterializerStatus:
     """Open the database (waiting while another process holds it), then materialize and serve SQL.
 
     ``rebuild`` empties every projection and replays all partitions from offset 0; ``once``
@@ -178,7 +183,7 @@ def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild:
         if server:
             server.start()
         try:
-            return Materializer(config, store, log=log).run(stop, until_caught_up=once)
+            return Materializer(config, store, log=log, max_records=max_messages).run(stop, until_caught_up=once)
         finally:
             if server:
                 server.stop()

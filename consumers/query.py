@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from rankstream.consumers.query_protocol import ServerError, read_response, send_request
-from rankstream.consumers.query_server import server_socket
+from rankstream.consumers.query_server import execute_to_arrow, server_socket
 from rankstream.errors import DatabaseBusy, QueryError, RankstreamError
 
 __all__ = ["connect", "Database"]
@@ -102,10 +102,7 @@ class Database:
         read_only = not write
         connection = duckdb.connect(str(self.path), read_only=read_only)
         try:
-            result = connection.execute(sql, params) if params else connection.execute(sql)
-            if result.description is None:
-                return pa.table({"ok": [True]})
-            return result.to_arrow_table()
+            return execute_to_arrow(connection, sql, params)
         except duckdb.IOException:
             raise
         except duckdb.Error as exc:

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from rankstream.consumers.query_protocol import (
     READ_STATEMENT_TYPES,
@@ -27,11 +28,19 @@ from rankstream.consumers.query_protocol import (
     sidecar_path,
 )
 
-__all__ = ["QueryServer"]
+__all__ = ["QueryServer", "execute_to_arrow", "server_socket"]
 
 
 def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     return [statement.type.name for statement in cursor.extract_statements(sql)]
+
+
+def execute_to_arrow(connection: duckdb.DuckDBPyConnection, sql: str, params) -> pa.Table:
+    """Run SQL and return its result as Arrow; statements without a result give ``{ok: [true]}``."""
+    relation = connection.sql(sql, params=list(params) if params else None)
+    if relation is None:
+        return pa.table({"ok": [True]})
+    return relation.to_arrow_table()
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -78,12 +87,7 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                 raise PermissionError(
                     f"this session is read-only: {', '.join(t for t in types if t not in READ_STATEMENT_TYPES)} "
                     "statements need write access (rankstream sql --write)")
-            result = cursor.execute(sql, params) if params else cursor.execute(sql)
-            if result.description is None:
-                import pyarrow as pa
-
-                return pa.table({"ok": [True]})
-            return result.to_arrow_table()
+            return execute_to_arrow(cursor, sql, params)
         finally:
             cursor.close()
 

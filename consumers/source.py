@@ -12,6 +12,7 @@ from typing import Mapping, Protocol
 
 from rankstream.config import Config
 from rankstream.deploy.memory_bus import MemoryBus
+from rankstream.deploy.kafka import describe
 from rankstream.errors import BrokerUnavailable
 
 __all__ = ["Record", "Source", "KafkaSource", "MemorySource"]
@@ -45,6 +46,8 @@ class KafkaSource:
         self._topics = topics
         self._consumer = None
         self._partitions: list = []
+        #: Partitions whose stored offset was past the log's end at the last ``open`` (broker reset).
+        self.reset_partitions: list[Position] = []
 
     def open(self, offsets: Mapping[Position, int]) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -65,7 +68,7 @@ class KafkaSource:
                 request_timeout_ms=10000,
             )
         except Exception as exc:
-            raise BrokerUnavailable(f"Kafka at {self._config.bootstrap_servers} did not answer: {exc}") from exc
+            raise BrokerUnavailable(f"Kafka at {self._config.bootstrap_servers} did not answer: {describe(exc)}") from exc
         partitions = []
         for topic in self._topics:
             numbers = consumer.partitions_for_topic(topic)
@@ -74,9 +77,17 @@ class KafkaSource:
                 raise BrokerUnavailable(f"topic {topic!r} does not exist on {self._config.bootstrap_servers}")
             partitions += [TopicPartition(topic, n) for n in sorted(numbers)]
         consumer.assign(partitions)
+        ends = consumer.end_offsets(partitions)
+        self.reset_partitions = []
         for tp in partitions:
             stored = offsets.get((tp.topic, tp.partition))
             if stored is None:
+                consumer.seek_to_beginning(tp)
+            elif stored > ends[tp]:
+                # The log is shorter than what we already read: the broker lost its data (the
+                # embedded broker keeps it in memory). Read the new log from its start; batch
+                # keys drop whatever was already stored.
+                self.reset_partitions.append((tp.topic, tp.partition))
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, stored)
@@ -87,7 +98,7 @@ class KafkaSource:
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except Exception as exc:
-            raise BrokerUnavailable(f"reading from {self._config.bootstrap_servers} failed: {exc}") from exc
+            raise BrokerUnavailable(f"reading from {self._config.bootstrap_servers} failed: {describe(exc)}") from exc
         return [
             Record(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
             for messages in batches.values()
@@ -98,7 +109,7 @@ class KafkaSource:
         try:
             ends = self._consumer.end_offsets(self._partitions)
         except Exception as exc:
-            raise BrokerUnavailable(f"cannot read end offsets: {exc}") from exc
+            raise BrokerUnavailable(f"cannot read end offsets: {describe(exc)}") from exc
         return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
 
     def positions(self) -> dict[Position, int]:

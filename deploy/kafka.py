@@ -12,7 +12,13 @@ from rankstream.config import Config
 from rankstream.errors import BrokerUnavailable
 from rankstream.schemas.topics import all_topics
 
-__all__ = ["client_options", "ensure_topics", "existing_topics"]
+__all__ = ["client_options", "describe", "ensure_topics", "existing_topics"]
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one short line; kafka-python's often have an empty message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
 def client_options(config: Config) -> dict[str, Any]:
@@ -27,7 +33,7 @@ def _admin(config: Config, timeout_s: float):
         return KafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000),
                                 bootstrap_timeout_ms=int(timeout_s * 1000))
     except Exception as exc:  # kafka-python raises NoBrokersAvailable, KafkaTimeoutError, OSError...
-        raise BrokerUnavailable(f"Kafka at {config.bootstrap_servers} did not answer: {exc}") from exc
+        raise BrokerUnavailable(f"Kafka at {config.bootstrap_servers} did not answer: {describe(exc)}") from exc
 
 
 def existing_topics(config: Config, timeout_s: float = 5.0) -> set[str]:
@@ -35,7 +41,7 @@ def existing_topics(config: Config, timeout_s: float = 5.0) -> set[str]:
     try:
         return set(admin.list_topics())
     except Exception as exc:
-        raise BrokerUnavailable(f"cannot list topics on {config.bootstrap_servers}: {exc}") from exc
+        raise BrokerUnavailable(f"cannot list topics on {config.bootstrap_servers}: {describe(exc)}") from exc
     finally:
         admin.close()
 
@@ -57,7 +63,7 @@ def ensure_topics(config: Config, timeout_s: float = 5.0) -> list[str]:
     except BrokerUnavailable:
         raise
     except Exception as exc:
-        raise BrokerUnavailable(f"cannot create topics on {config.bootstrap_servers}: {exc}") from exc
+        raise BrokerUnavailable(f"cannot create topics on {config.bootstrap_servers}: {describe(exc)}") from exc
     finally:
         admin.close()
     return wanted

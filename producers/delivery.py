@@ -90,13 +90,15 @@ class Delivery:
     def pump(self, now: float | None = None) -> None:
         """Advance the state machine: retry, replay the spool, send what waits in memory."""
         now = time.monotonic() if now is None else now
-        while self._failed:
-            with self._lock:
-                message = self._failed.popleft()
-            self._to_spool(message)
+        self._drain_failed()
         self._finish_replay()
         if self._health is Health.DOWN and now >= self._next_retry:
             self._next_retry = now + self._retry_interval
+            # Start from a fresh client: after an outage the old one may be in a fatal state
+            # (an idempotent producer whose broker restarted cannot recover its producer id).
+            # Closing it fails what it still holds, and those messages come back via _failed.
+            self._transport.close()
+            self._drain_failed()
             if self._transport.connect():
                 self._probe()
             else:
@@ -210,6 +212,12 @@ class Delivery:
                 replay.failed = replay.failed or error is not None
                 if replay.outstanding == 0 and not replay.failed and self._health is Health.PROBING:
                     self._health = Health.UP
+
+    def _drain_failed(self) -> None:
+        while self._failed:
+            with self._lock:
+                message = self._failed.popleft()
+            self._to_spool(message)
 
     def _to_spool(self, message: SpooledMessage) -> None:
         if self._spool.append(message):

@@ -61,6 +61,9 @@ class ProducerStats:
     last_error: str | None
 
 
+_EMIT_CALLS = ("emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata", "set_collectives")
+
+
 def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
@@ -82,8 +85,7 @@ class Producer:
         self.session_id = uuid.uuid4().hex[:16]
         self._emitted = 0
         if not enabled:
-            for name in ("emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata",
-                         "set_collectives", "flush", "close"):
+            for name in _EMIT_CALLS + ("flush", "close"):
                 setattr(self, name, _noop)
             return
         self._config = config or load_config()
@@ -179,6 +181,8 @@ class Producer:
         self._close_timeout = self._config.producer.close_timeout_s if timeout_s is None else timeout_s
         self._stopping.set()
         self._stopped.wait(self._close_timeout + 1.0)
+        for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
+            setattr(self, name, _noop)
         return self.stats()
 
     def __enter__(self) -> "Producer":

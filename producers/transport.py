@@ -10,6 +10,7 @@ A transport has four calls, all made from the producer's sender thread only:
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Protocol
 
 from rankstream.config import Config
@@ -27,6 +28,15 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def _quiet_kafka_logging() -> None:
+    """kafka-python logs every failed request at ERROR; during an outage that floods the training
+    log. Unless the application configured the ``kafka`` logger itself, only show CRITICAL: the
+    producer's own counters and ``last_error`` report the outage instead."""
+    kafka_logger = logging.getLogger("kafka")
+    if kafka_logger.level == logging.NOTSET:
+        kafka_logger.setLevel(logging.CRITICAL)
+
+
 class KafkaTransport:
     """kafka-python's KafkaProducer, created lazily on the sender thread (construction connects)."""
 
@@ -34,6 +44,7 @@ class KafkaTransport:
         self._config = config
         self._producer = None
         self.last_error: str | None = None
+        _quiet_kafka_logging()
 
     def connect(self) -> bool:
         if self._producer is not None:

@@ -27,8 +27,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded local broker (Tansu on 127.0.0.1).")
 app.add_typer(broker_app, name="broker")
 
-console = Console()
-errors = Console(stderr=True)
+#: Piped output (logs, CI, `| grep`) gets wide lines instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 200)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 class _State:
@@ -109,6 +110,7 @@ def consume(
     once: bool = typer.Option(False, help="Stop when the offsets seen at start are reached."),
     rebuild: bool = typer.Option(False, help="Empty every table and replay all partitions from offset 0."),
     serve_sql: bool = typer.Option(True, "--serve-sql/--no-serve-sql", help="Serve SQL to other processes."),
+    max_messages: int = typer.Option(20_000, min=1, help="Messages per poll, i.e. per DuckDB transaction."),
 ) -> None:
     """Materialize the topics into DuckDB in the foreground (Ctrl-C stops cleanly)."""
     from rankstream.consumers.materializer import serve
@@ -118,10 +120,15 @@ def consume(
         signal.signal(signum, lambda *_: stop.set())
     cfg = config()
     errors.print(f"rankstream consume: {cfg.bootstrap_servers} -> {cfg.db_path}")
-    status = serve(cfg, stop, once=once, rebuild=rebuild, query_server=serve_sql,
-                   log=lambda line: errors.print(line, markup=False, highlight=False))
+    status = serve(cfg, stop, once=once, rebuild=rebuild, query_server=serve_sql, max_messages=max_messages,
+                   log=_log_line)
     errors.print(f"consumed {status.messages} messages, {status.events} events, "
                  f"{status.rejected} rejected, {status.duplicates} duplicates skipped")
+
+
+def _log_line(line: str) -> None:
+    """Service log lines: plain, unwrapped, one per event, for log files and terminals alike."""
+    print(line, file=sys.stderr, flush=True)
 
 
 # -- queries --------------------------------------------------------------------------------------

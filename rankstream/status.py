@@ -22,18 +22,18 @@ WITH latest_heartbeat AS (
     SELECT * FROM heartbeats
     QUALIFY row_number() OVER (PARTITION BY run_id, rank, session_id ORDER BY sent_ns DESC) = 1
 ), batches AS (
-    SELECT run_id, sum(events) AS events,
-           sum(CASE WHEN kind = 'fr_batch' THEN 1 ELSE 0 END) AS fr_batches
+    SELECT run_id, sum(events)::BIGINT AS events,
+           count(*) FILTER (WHERE kind = 'fr_batch') AS fr_batches
     FROM ingested_batches GROUP BY run_id
 ), gaps AS (
-    SELECT run_id, sum(max_seq + 1 - n) AS missing_messages
+    SELECT run_id, sum(max_seq + 1 - n)::BIGINT AS missing_messages
     FROM (SELECT run_id, rank, stream, session_id, max(seq) AS max_seq, count(*) AS n
           FROM ingested_batches GROUP BY ALL)
     GROUP BY run_id
 ), fr AS (
     SELECT run_id, count(*) AS fr_entries FROM fr_entries GROUP BY run_id
 ), producers AS (
-    SELECT run_id, sum(events_dropped) AS dropped, sum(events_spooled) AS spooled,
+    SELECT run_id, sum(events_dropped)::BIGINT AS dropped, sum(events_spooled)::BIGINT AS spooled,
            max(sent_ns) AS last_heartbeat_ns, count(DISTINCT rank) AS ranks_heartbeating
     FROM latest_heartbeat GROUP BY run_id
 )

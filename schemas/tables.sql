@@ -153,8 +153,8 @@ WITH started AS (
     FROM heartbeats WHERE final GROUP BY run_id
 )
 SELECT s.run_id,
-       make_timestamp_ns(s.started_at_ns) AS started_at,
-       CASE WHEN f.final_ranks >= s.world_size THEN make_timestamp_ns(f.last_final_ns) END AS ended_at,
+       make_timestamp(s.started_at_ns // 1000) AS started_at,
+       CASE WHEN f.final_ranks >= s.world_size THEN make_timestamp(f.last_final_ns // 1000) END AS ended_at,
        s.world_size,
        s.metadata
 FROM started s LEFT JOIN finished f USING (run_id);

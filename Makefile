@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install
+# everything first. torch is installed on its own, pinned exactly, BEFORE the project: an
+# unpinned torch pulls gigabytes of CUDA wheels.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_PIN := torch==2.13.0
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo test test-unit test-integration bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e ".[flows,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/rankstream demo
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration" tests
+
+test-integration: setup
+	$(PY) -m pytest -q -m integration tests
+
+bench: setup
+	$(PY) bench/ingest.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .rankstream rankstream.duckdb*

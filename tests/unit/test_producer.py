@@ -1,0 +1,178 @@
+"""The producer's promises to the training thread, against the in-memory bus."""
+
+import threading
+import time
+
+import pytest
+
+from rankstream.consumers.source import MemorySource
+from rankstream.producers import Producer
+from rankstream.producers.transport import MemoryTransport
+from rankstream.schemas import Envelope, PayloadKind, all_topics, decode
+
+
+def read_all(bus, prefix):
+    source = MemorySource(bus, all_topics(prefix))
+    source.open({})
+    envelopes = []
+    while records := source.poll(0, 10_000):
+        envelopes += [decode(r.value) for r in records]
+    assert all(isinstance(e, Envelope) for e in envelopes)
+    return envelopes
+
+
+def trace_events(envelopes):
+    return sum(e.payload.count for e in envelopes if e.kind is PayloadKind.TRACE_BATCH)
+
+
+class SlowConnect(MemoryTransport):
+    """Connecting takes seconds, as with an unreachable bootstrap server."""
+
+    def __init__(self, bus, delay_s):
+        super().__init__(bus)
+        self.delay_s = delay_s
+        self.connect_threads = []
+
+    def connect(self):
+        self.connect_threads.append(threading.current_thread().name)
+        time.sleep(self.delay_s)
+        return super().connect()
+
+
+def test_construction_and_emit_never_wait_for_the_broker(make_config, bus):
+    transport = SlowConnect(bus, delay_s=1.0)
+    started = time.perf_counter()
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=transport)
+    for i in range(10_000):
+        producer.emit("op", "cpu_op", "X", i, 1)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 0.5, f"construction + 10k emits took {elapsed:.2f}s while connect blocks for 1 s"
+    assert all(name.startswith("rankstream-sender") for name in transport.connect_threads)
+    stats = producer.close(timeout_s=5)
+    assert stats.events_sent == 10_000
+
+
+def test_every_event_arrives_exactly_once_with_gapless_sequences(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100})
+    producer = Producer(run_id="r", rank=2, world_size=4, config=config, bus=bus)
+    for i in range(1_050):
+        producer.emit("op", ts_ns=i, step=i // 100)
+    stats = producer.close()
+    envelopes = read_all(bus, config.topic_prefix)
+    assert trace_events(envelopes) == 1_050 == stats.events_sent
+    for stream in {e.stream for e in envelopes}:
+        seqs = sorted(e.seq for e in envelopes if e.stream is stream)
+        assert seqs == list(range(len(seqs)))
+    batches = [e.payload.count for e in envelopes if e.kind is PayloadKind.TRACE_BATCH]
+    assert max(batches) == 100
+    heartbeat = [e for e in envelopes if e.kind is PayloadKind.HEARTBEAT][-1].payload.fields
+    assert heartbeat["final"] and heartbeat["events_emitted"] == 1_050
+
+
+def test_emit_survives_any_arguments(make_config, bus):
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus)
+    producer.emit(["unhashable"], None, 3, "not-a-time", float("nan"), step=2**80, args=object())
+    producer.emit("fine", ts_ns=5)
+    producer.emit_fr_entries([{"not": "an fr entry"}])
+    producer.emit_rank_metadata(metadata={"x": float("inf")})
+    stats = producer.close()
+    assert stats.events_sent + stats.events_dropped == 2
+
+
+def test_buffer_is_bounded_and_overflow_is_counted(make_config, bus):
+    transport = SlowConnect(bus, delay_s=0.5)
+    config = make_config(**{"producer.max_buffered_events": 1000, "producer.batch_events": 10_000})
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
+    for i in range(5_000):
+        producer.emit("op", ts_ns=i)
+    assert producer.stats().buffered_events <= 1000
+    stats = producer.close()
+    assert stats.events_dropped >= 4_000
+    assert stats.events_sent + stats.events_dropped == 5_000
+
+
+def test_disabled_producer_does_nothing(make_config, bus):
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus, enabled=False)
+    producer.emit("op")
+    producer.emit_fr_entries([])
+    producer.close()
+    assert bus.topics() == []
+    assert producer.stats().broker == "disabled"
+
+
+def test_broker_outage_spools_then_delivers_everything(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 4096})
+    bus.available = False
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    for i in range(2_000):
+        producer.emit("op", ts_ns=i)
+    deadline = time.monotonic() + 5
+    while producer.stats().spool_bytes == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stats = producer.stats()
+    assert stats.spool_bytes > 0 and stats.events_sent == 0 and stats.broker == "down"
+    bus.available = True
+    deadline = time.monotonic() + 10
+    while producer.stats().events_sent < 2_000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stats = producer.close()
+    assert stats.events_sent == 2_000 and stats.spool_bytes == 0 and stats.events_dropped == 0
+    assert trace_events(read_all(bus, config.topic_prefix)) == 2_000
+
+
+def test_full_spool_drops_and_counts(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 1024,
+                            "producer.spool_max_bytes": 20_000})
+    bus.available = False
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    for i in range(5_000):
+        producer.emit("op", ts_ns=i)
+    stats = producer.close(timeout_s=0.5)
+    assert stats.spool_bytes <= 20_000
+    assert stats.events_dropped > 0
+    assert stats.events_spooled + stats.events_dropped == 5_000
+
+
+def test_a_restarted_rank_resends_what_its_previous_process_spooled(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100})
+    bus.available = False
+    first = Producer(run_id="r", rank=3, world_size=4, config=config, bus=bus)
+    for i in range(700):
+        first.emit("before-crash", ts_ns=i)
+    assert first.close(timeout_s=0.2).events_spooled == 700
+    bus.available = True
+    second = Producer(run_id="r", rank=3, world_size=4, config=config, bus=bus)
+    second.emit("after-restart", ts_ns=1)
+    second.close()
+    envelopes = read_all(bus, config.topic_prefix)
+    assert trace_events(envelopes) == 701
+    assert len({e.session_id for e in envelopes}) == 2
+
+
+def test_close_returns_within_its_timeout_when_the_broker_never_answers(make_config, bus):
+    bus.available = False
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus)
+    producer.emit("op")
+    started = time.monotonic()
+    producer.close(timeout_s=1.0)
+    assert time.monotonic() - started < 2.5
+
+
+def test_oversized_batches_are_split_not_lost(make_config, bus):
+    config = make_config(**{"producer.batch_events": 64})
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    big_args = {"blob": "x" * 500_000}
+    for i in range(64):
+        producer.emit("op", ts_ns=i, args=big_args)
+    stats = producer.close()
+    assert stats.events_sent == 64 and stats.events_dropped == 0
+    assert len([e for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.TRACE_BATCH]) > 1
+
+
+@pytest.mark.parametrize("call", ["emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata"])
+def test_calls_after_close_are_harmless(make_config, bus, call):
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus)
+    producer.close()
+    args = {"emit": ("op",), "emit_fr_entries": ([],), "emit_process_groups": ([],), "emit_rank_metadata": ()}[call]
+    getattr(producer, call)(*args)
+    producer.close()
