@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -21,7 +22,7 @@ from typing import Callable
 
 from rankstream.config import Config
 from rankstream.consumers.source import KafkaSource, Source
-from rankstream.consumers.store import Store, summarize_lag
+from rankstream.consumers.store import PreparedBatch, Store, prepare, summarize_lag
 from rankstream.errors import RankstreamError
 
 __all__ = ["Materializer", "MaterializerStatus", "status_path"]
@@ -48,9 +49,47 @@ def status_path(config: Config) -> Path:
     return config.state_dir / "materializer.json"
 
 
+class _Committer:
+    """Commits prepared polls on its own thread, in order, one transaction each.
+
+    DuckDB releases the GIL while it inserts, so the main thread decodes and projects the next
+    poll meanwhile. After a failed commit every later batch is discarded: committing them would
+    advance offsets past the failed one. The owner then restarts from the stored offsets.
+    """
+
+    def __init__(self, store: Store, on_commit: Callable) -> None:
+        self._store = store
+        self._on_commit = on_commit
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rankstream-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: PreparedBatch) -> None:
+        if self.error is not None:
+            raise self.error
+        self._queue.put(batch)
+
+    def _run(self) -> None:
+        while (batch := self._queue.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                self._on_commit(batch, self._store.commit(batch))
+            except BaseException as exc:  # reported to the owner, which restarts from stored offsets
+                self.error = exc
+
+    def close(self) -> None:
+        """Wait for queued batches to commit, then stop; raises the first commit error."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class Materializer:
     def __init__(self, config: Config, store: Store, source: Source | None = None, *,
-                 log: Callable[[str], None] = print, max_records: int = 20_000) -> None:
+                 log: Callable[[str], None] = print, max_records: int = 500) -> None:
         from rankstream.schemas.topics import all_topics
 
         self.config = config
@@ -59,6 +98,7 @@ class Materializer:
         self.log = log
         self.max_records = max_records
         self.status = MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
+        self._committed: dict[tuple[str, int], int] = {}
         self._opened = False
         self._last_complaint = ""
         self._window = (time.monotonic(), 0)
@@ -66,33 +106,53 @@ class Materializer:
     def run(self, stop: threading.Event, until_caught_up: bool = False) -> MaterializerStatus:
         """Consume until ``stop`` is set (or, with ``until_caught_up``, until the ends seen at start)."""
         targets = None
-        last_status = 0.0
         while not stop.is_set():
             try:
                 self._open()
                 if until_caught_up and targets is None:
                     targets = self.source.end_offsets()
-                result = self.store.write(self.source.poll(0.2, self.max_records))
-                self._account(result)
-                self._last_complaint = ""
-                self.status.last_error = None
-                if targets is not None and self._caught_up(targets):
+                if self._consume(stop, targets):
                     break
             except RankstreamError as exc:
                 self._complain(str(exc))
                 self._close()
                 stop.wait(_RETRY_S)
-            except Exception as exc:  # DuckDB I/O (disk full...), never a traceback loop
+            except Exception as exc:  # DuckDB I/O (disk full...): one line, then retry
                 self._complain(f"write failed, will retry: {type(exc).__name__}: {exc}")
                 self._close()
                 stop.wait(_RETRY_S)
-            now = time.monotonic()
-            if now - last_status >= _STATUS_EVERY_S:
-                last_status = now
-                self._publish_status()
         self._publish_status()
         self._close()
         return self.status
+
+    def _consume(self, stop: threading.Event, targets: dict | None) -> bool:
+        """Poll, prepare and hand over to the committer until stopped; True once caught up."""
+        committer = _Committer(self.store, self._on_commit)
+        last_status = 0.0
+        try:
+            while not stop.is_set():
+                committer.submit(prepare(self.source.poll(0.2, self.max_records)))
+                if targets is not None and self._caught_up(targets):
+                    committer.close()
+                    return self._caught_up(targets)
+                now = time.monotonic()
+                if now - last_status >= _STATUS_EVERY_S:
+                    last_status = now
+                    self._publish_status()
+        finally:
+            committer.close()
+        return False
+
+    def _on_commit(self, batch: PreparedBatch, result) -> None:
+        """Runs on the committer thread after each transaction."""
+        self._committed.update(batch.next_offsets)
+        status = self.status
+        status.messages += result.messages
+        status.events += result.events
+        status.rejected += result.rejected
+        status.duplicates += result.duplicates
+        self._last_complaint = ""
+        status.last_error = None
 
     def _open(self) -> None:
         if self._opened:
@@ -101,7 +161,8 @@ class Materializer:
 
         if isinstance(self.source, KafkaSource):
             ensure_topics(self.config)
-        self.source.open(self.store.offsets())
+        self._committed = self.store.offsets()
+        self.source.open(self._committed)
         self._opened = True
         reset = getattr(self.source, "reset_partitions", [])
         if reset:
@@ -114,15 +175,8 @@ class Materializer:
         self._opened = False
 
     def _caught_up(self, targets: dict) -> bool:
-        stored = self.store.offsets()
-        return all(stored.get(position, 0) >= end for position, end in targets.items())
-
-    def _account(self, result) -> None:
-        status = self.status
-        status.messages += result.messages
-        status.events += result.events
-        status.rejected += result.rejected
-        status.duplicates += result.duplicates
+        committed = dict(self._committed)
+        return all(committed.get(position, 0) >= end for position, end in targets.items())
 
     def _complain(self, message: str) -> None:
         self.status.last_error = message
@@ -140,7 +194,7 @@ class Materializer:
         status.updated_at = time.time()
         if self._opened:
             try:
-                status.lag_messages = summarize_lag(self.source.end_offsets(), self.store.offsets())
+                status.lag_messages = summarize_lag(self.source.end_offsets(), dict(self._committed))
             except RankstreamError:
                 status.lag_messages = None
         try:
@@ -154,7 +208,7 @@ class Materializer:
 
 
 def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild: bool = False,
-          query_server: bool = True, max_messages: int = 20_000,
+          query_server: bool = True, max_messages: int = 500,
           log: Callable[[str], None] = print) -> MaterializerStatus:
     """Open the database (waiting while another process holds it), then materialize and serve SQL.
 

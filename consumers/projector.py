@@ -16,9 +16,13 @@ import pyarrow as pa
 
 from rankstream.schemas.envelope import Envelope, PayloadKind
 from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS
-from rankstream.schemas.trace import TRACE_INT_COLUMNS, TRACE_STRING_COLUMNS
+from rankstream.schemas.trace import NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS
 
-__all__ = ["project"]
+__all__ = ["project", "MESSAGE_COLUMN"]
+
+#: Every projected row carries the index of its message in the poll, so rows of a message found
+#: to be a duplicate at commit time can be filtered out; the column is dropped before insert.
+MESSAGE_COLUMN = "_msg"
 
 _SIZES = pa.list_(pa.list_(pa.int64()))
 _FRAMES = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
@@ -36,13 +40,15 @@ def _constant_strings(values: list[str], counts: list[int]) -> pa.DictionaryArra
     return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(values, pa.string()))
 
 
-def _trace_table(envelopes: list[Envelope]) -> pa.Table | None:
-    batches = [e.payload for e in envelopes if e.payload.count]
-    if not batches:
+def _trace_table(envelopes: list[tuple[int, Envelope]]) -> pa.Table | None:
+    indexed = [(i, e) for i, e in envelopes if e.payload.count]
+    if not indexed:
         return None
+    owners = [e for _, e in indexed]
+    batches = [e.payload for e in owners]
     counts = [b.count for b in batches]
-    owners = [e for e in envelopes if e.payload.count]
     columns: dict[str, pa.Array] = {
+        MESSAGE_COLUMN: pa.array(np.repeat(np.array([i for i, _ in indexed], dtype=np.int32), counts)),
         "run_id": _constant_strings([e.run_id for e in owners], counts),
         "rank": pa.array(np.repeat(np.array([e.rank for e in owners], dtype=np.int32), counts)),
     }
@@ -55,12 +61,30 @@ def _trace_table(envelopes: list[Envelope]) -> pa.Table | None:
             offset += len(values)
         columns[name] = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(codes)), pa.array(dictionary, pa.string()))
     for name in TRACE_INT_COLUMNS:
-        parts = [batch.int_column(name) for batch in batches]
-        values = np.concatenate([p[0] for p in parts])
-        mask = None if parts[0][1] is None else np.concatenate([p[1] for p in parts])
+        values = np.concatenate([batch.int_column(name)[0] for batch in batches])
+        mask = None
+        if name in TRACE_NULLABLE_COLUMNS:
+            mask = values == NULL_INT
+            mask = mask if mask.any() else None
         columns[name] = pa.array(values, type=pa.int64(), mask=mask)
-    columns["args"] = pa.array([a for batch in batches for a in batch.args], pa.string())
+    columns["args"] = _sparse_args_column(batches, counts)
     return pa.table(columns)
+
+
+def _sparse_args_column(batches: list, counts: list[int]) -> pa.Array:
+    """One nullable string per event from the batches' sparse (positions, texts) args."""
+    total = sum(counts)
+    texts = [text for batch in batches for text in batch.args]
+    if not texts:
+        return pa.nulls(total, pa.string())
+    starts = np.cumsum([0] + counts[:-1])
+    positions = np.concatenate([batch.args_positions().astype(np.int64) + start
+                                for batch, start in zip(batches, starts)])
+    take = np.zeros(total, dtype=np.int32)
+    take[positions] = np.arange(len(texts), dtype=np.int32)
+    missing = np.ones(total, dtype=bool)
+    missing[positions] = False
+    return pa.array(texts, pa.string()).take(pa.array(take, mask=missing))
 
 
 def _json(value) -> str | None:
@@ -71,51 +95,51 @@ def _rows_table(rows: list[dict], types: dict[str, pa.DataType] | None = None) -
     if not rows:
         return None
     names = list(rows[0])
-    types = types or {}
+    types = {MESSAGE_COLUMN: pa.int32(), **(types or {})}
     return pa.table({n: pa.array([r[n] for r in rows], type=types.get(n)) for n in names})
 
 
-def _fr_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+def _fr_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
     rows = []
-    for e in envelopes:
+    for i, e in envelopes:
         for entry in e.payload.entries:
-            rows.append({"run_id": e.run_id, "rank": e.rank, "snapshot_ns": e.payload.snapshot_ns,
+            rows.append({MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "snapshot_ns": e.payload.snapshot_ns,
                          **{name: entry[name] for name in FR_FIELDS}})
     return rows
 
 
-def _group_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+def _group_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
     return [
-        {"run_id": e.run_id, "rank": e.rank, "reported_ns": e.sent_at_ns, **group}
-        for e in envelopes for group in e.payload.groups
+        {MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "reported_ns": e.sent_at_ns, **group}
+        for i, e in envelopes for group in e.payload.groups
     ]
 
 
-def _heartbeat_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+def _heartbeat_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
     rows = []
-    for e in envelopes:
+    for i, e in envelopes:
         fields = e.payload.fields
-        rows.append({"run_id": e.run_id, "rank": e.rank, "session_id": e.session_id, "sent_ns": e.sent_at_ns,
+        rows.append({MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "session_id": e.session_id, "sent_ns": e.sent_at_ns,
                      **{name: fields[name] for name in HEARTBEAT_COUNTERS},
                      "final": fields["final"], "collectives": _json(fields["collectives"])})
     return rows
 
 
-def _metadata_rows(envelopes: Iterable[Envelope]) -> list[dict]:
+def _metadata_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
     rows = []
-    for e in envelopes:
+    for i, e in envelopes:
         fields = dict(e.payload.fields)
         fields["metadata"] = _json(fields["metadata"])
-        rows.append({"run_id": e.run_id, "rank": e.rank, "world_size": e.world_size,
+        rows.append({MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "world_size": e.world_size,
                      "session_id": e.session_id, "sent_ns": e.sent_at_ns, **fields})
     return rows
 
 
 def project(envelopes: list[Envelope]) -> dict[str, pa.Table]:
     """Arrow tables keyed by DuckDB table name; tables with no rows are left out."""
-    by_kind: dict[PayloadKind, list[Envelope]] = {kind: [] for kind in PayloadKind}
-    for envelope in envelopes:
-        by_kind[envelope.kind].append(envelope)
+    by_kind: dict[PayloadKind, list[tuple[int, Envelope]]] = {kind: [] for kind in PayloadKind}
+    for index, envelope in enumerate(envelopes):
+        by_kind[envelope.kind].append((index, envelope))
     tables = {
         "trace_events": _trace_table(by_kind[PayloadKind.TRACE_BATCH]),
         "fr_entries": _rows_table(_fr_rows(by_kind[PayloadKind.FR_BATCH]), _FR_TYPES),

@@ -1,8 +1,10 @@
 """The DuckDB store: rows, rejects, batch keys and offsets, committed together.
 
-``write`` applies one poll in ONE transaction: it skips messages whose batch key is already in
-``ingested_batches`` (producer resends, restarts, spool replays), inserts the projected rows and
-the rejects, records the new batch keys and advances ``consumer_offsets``. A crash anywhere before
+A poll is applied in two steps. ``prepare`` decodes and projects it into Arrow tables without
+touching the database (so the materializer can prepare the next poll while this one commits).
+``Store.commit`` then applies it in ONE transaction: it skips messages whose batch key is already
+in ``ingested_batches`` (producer resends, restarts, spool replays), inserts the projected rows
+and the rejects, records the new batch keys and advances ``consumer_offsets``. A crash anywhere before
 COMMIT leaves the database as it was and the materializer re-reads the same offsets, so every
 message is applied exactly once.
 """
@@ -15,10 +17,9 @@ from pathlib import Path
 from typing import Mapping
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
-from rankstream.consumers.projector import project
+from rankstream.consumers.projector import MESSAGE_COLUMN, project
 from rankstream.consumers.source import Record
 from rankstream.errors import DatabaseBusy, RankstreamError
 from rankstream.schemas.codec import DecodeFailure, decode
@@ -26,7 +27,7 @@ from rankstream.schemas.envelope import Envelope
 from rankstream.schemas.tables import BOOKKEEPING_TABLES, PROJECTION_TABLES, ddl
 from rankstream.schemas.topics import parse_message_key
 
-__all__ = ["Store", "WriteResult", "open_writable"]
+__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable"]
 
 
 @dataclass
@@ -84,45 +85,41 @@ class Store:
         con.execute("CHECKPOINT")
 
     def write(self, records: list[Record]) -> WriteResult:
-        result = WriteResult(messages=len(records))
-        if not records:
+        """Decode, project and commit one poll (``prepare`` then ``commit``)."""
+        return self.commit(prepare(records))
+
+    def commit(self, batch: "PreparedBatch") -> WriteResult:
+        """Apply a prepared poll in one transaction: rows, rejects, batch keys and offsets."""
+        result = WriteResult(messages=batch.messages, duplicates=batch.duplicates, rejected=len(batch.rejects))
+        if not batch.messages:
             return result
-        accepted: list[tuple[Record, Envelope]] = []
-        rejects: list[dict] = []
-        seen: set = set()
-        for record in records:
-            decoded = decode(record.value)
-            if isinstance(decoded, DecodeFailure):
-                rejects.append(_reject_row(record, decoded))
-            elif decoded.key in seen:
-                result.duplicates += 1
-            else:
-                seen.add(decoded.key)
-                accepted.append((record, decoded))
         con = self.connection
         con.execute("BEGIN")
         try:
-            fresh = self._drop_known(accepted)
-            result.duplicates += len(accepted) - len(fresh)
-            envelopes = [envelope for _, envelope in fresh]
-            for table, arrow in project(envelopes).items():
-                self._insert(table, arrow)
+            known = self._known_messages(batch.keys)
+            result.duplicates += len(known)
+            for table, arrow in batch.tables.items():
+                arrow = _without_messages(arrow, known)
+                if arrow.num_rows:
+                    self._insert(table, arrow)
                 result.rows[table] = arrow.num_rows
-            if rejects:
-                self._insert("rejects", pa.Table.from_pylist(rejects, schema=_REJECT_SCHEMA))
-            if fresh:
-                self._insert("ingested_batches", _batch_keys(fresh))
-            self._advance(records)
+            if batch.rejects:
+                self._insert("rejects", pa.Table.from_pylist(batch.rejects, schema=_REJECT_SCHEMA))
+            keys = _without_messages(batch.keys, known)
+            if keys.num_rows:
+                self._insert("ingested_batches", keys)
+            self._advance(batch.next_offsets)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        result.accepted = len(fresh)
-        result.rejected = len(rejects)
+        result.accepted = batch.keys.num_rows - len(known)
         result.events = result.rows.get("trace_events", 0)
         return result
 
     def _insert(self, table: str, arrow: pa.Table) -> None:
+        if MESSAGE_COLUMN in arrow.column_names:
+            arrow = arrow.drop_columns([MESSAGE_COLUMN])
         name = f"_incoming_{table}"
         self.connection.register(name, arrow)
         try:
@@ -130,36 +127,22 @@ class Store:
         finally:
             self.connection.unregister(name)
 
-    def _drop_known(self, accepted: list[tuple[Record, Envelope]]) -> list[tuple[Record, Envelope]]:
-        if not accepted:
-            return []
-        keys = pa.table({
-            "idx": np.arange(len(accepted), dtype=np.int64),
-            "run_id": [e.run_id for _, e in accepted],
-            "rank": np.array([e.rank for _, e in accepted], dtype=np.int32),
-            "stream": [e.stream.value for _, e in accepted],
-            "session_id": [e.session_id for _, e in accepted],
-            "seq": np.array([e.seq for _, e in accepted], dtype=np.int64),
-        })
+    def _known_messages(self, keys: pa.Table) -> set[int]:
+        """Indexes (within the poll) of messages whose batch key is already stored."""
+        if not keys.num_rows:
+            return set()
         self.connection.register("_candidate_keys", keys)
         try:
             known = self.connection.execute(
-                "SELECT c.idx FROM _candidate_keys c SEMI JOIN ingested_batches b "
+                f"SELECT c.{MESSAGE_COLUMN} FROM _candidate_keys c SEMI JOIN ingested_batches b "
                 "ON b.run_id = c.run_id AND b.rank = c.rank AND b.stream = c.stream "
                 "AND b.session_id = c.session_id AND b.seq = c.seq"
             ).fetchall()
         finally:
             self.connection.unregister("_candidate_keys")
-        if not known:
-            return accepted
-        skip = {idx for (idx,) in known}
-        return [pair for i, pair in enumerate(accepted) if i not in skip]
+        return {index for (index,) in known}
 
-    def _advance(self, records: list[Record]) -> None:
-        next_offsets: dict[tuple[str, int], int] = {}
-        for r in records:
-            position = (r.topic, r.partition)
-            next_offsets[position] = max(next_offsets.get(position, 0), r.offset + 1)
+    def _advance(self, next_offsets: dict[tuple[str, int], int]) -> None:
         table = pa.table({
             "topic": [t for t, _ in next_offsets],
             "partition": pa.array([p for _, p in next_offsets], pa.int32()),
@@ -179,6 +162,57 @@ _REJECT_SCHEMA = pa.schema([
 ])
 
 
+@dataclass
+class PreparedBatch:
+    """One poll, decoded and projected, ready for one transaction. Built without the database."""
+
+    messages: int
+    duplicates: int
+    rejects: list[dict]
+    #: One row per accepted message (its batch key), with the ``MESSAGE_COLUMN`` index.
+    keys: pa.Table
+    #: Projected rows per table, each row tagged with its message's ``MESSAGE_COLUMN`` index.
+    tables: dict[str, pa.Table]
+    next_offsets: dict[tuple[str, int], int]
+
+
+def prepare(records: list[Record]) -> PreparedBatch:
+    """Decode and project a poll. Pure computation, so it can run while the previous poll commits."""
+    accepted: list[tuple[Record, Envelope]] = []
+    rejects: list[dict] = []
+    seen: set = set()
+    duplicates = 0
+    next_offsets: dict[tuple[str, int], int] = {}
+    for record in records:
+        position = (record.topic, record.partition)
+        next_offsets[position] = max(next_offsets.get(position, 0), record.offset + 1)
+        decoded = decode(record.value)
+        if isinstance(decoded, DecodeFailure):
+            rejects.append(_reject_row(record, decoded))
+        elif decoded.key in seen:
+            duplicates += 1
+        else:
+            seen.add(decoded.key)
+            accepted.append((record, decoded))
+    return PreparedBatch(
+        messages=len(records),
+        duplicates=duplicates,
+        rejects=rejects,
+        keys=_batch_keys(accepted),
+        tables=project([envelope for _, envelope in accepted]),
+        next_offsets=next_offsets,
+    )
+
+
+def _without_messages(table: pa.Table, messages: set[int]) -> pa.Table:
+    if not messages:
+        return table
+    import pyarrow.compute as pc
+
+    drop = pc.is_in(table[MESSAGE_COLUMN], value_set=pa.array(sorted(messages), pa.int32()))
+    return table.filter(pc.invert(drop))
+
+
 def _reject_row(record: Record, failure: DecodeFailure) -> dict:
     key_run, key_rank = parse_message_key(record.key)
     return {
@@ -190,18 +224,19 @@ def _reject_row(record: Record, failure: DecodeFailure) -> dict:
     }
 
 
-def _batch_keys(fresh: list[tuple[Record, Envelope]]) -> pa.Table:
+def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
     return pa.table({
-        "run_id": [e.run_id for _, e in fresh],
-        "rank": pa.array([e.rank for _, e in fresh], pa.int32()),
-        "stream": [e.stream.value for _, e in fresh],
-        "session_id": [e.session_id for _, e in fresh],
-        "seq": pa.array([e.seq for _, e in fresh], pa.int64()),
-        "kind": [e.kind.value for _, e in fresh],
-        "events": pa.array([getattr(e.payload, "count", 0) for _, e in fresh], pa.int64()),
-        "topic": [r.topic for r, _ in fresh],
-        "partition": pa.array([r.partition for r, _ in fresh], pa.int32()),
-        "kafka_offset": pa.array([r.offset for r, _ in fresh], pa.int64()),
+        MESSAGE_COLUMN: pa.array(range(len(accepted)), pa.int32()),
+        "run_id": pa.array([e.run_id for _, e in accepted], pa.string()),
+        "rank": pa.array([e.rank for _, e in accepted], pa.int32()),
+        "stream": pa.array([e.stream.value for _, e in accepted], pa.string()),
+        "session_id": pa.array([e.session_id for _, e in accepted], pa.string()),
+        "seq": pa.array([e.seq for _, e in accepted], pa.int64()),
+        "kind": pa.array([e.kind.value for _, e in accepted], pa.string()),
+        "events": pa.array([getattr(e.payload, "count", 0) for _, e in accepted], pa.int64()),
+        "topic": pa.array([r.topic for r, _ in accepted], pa.string()),
+        "partition": pa.array([r.partition for r, _ in accepted], pa.int32()),
+        "kafka_offset": pa.array([r.offset for r, _ in accepted], pa.int64()),
     })
 
 

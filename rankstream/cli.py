@@ -110,7 +110,7 @@ def consume(
     once: bool = typer.Option(False, help="Stop when the offsets seen at start are reached."),
     rebuild: bool = typer.Option(False, help="Empty every table and replay all partitions from offset 0."),
     serve_sql: bool = typer.Option(True, "--serve-sql/--no-serve-sql", help="Serve SQL to other processes."),
-    max_messages: int = typer.Option(20_000, min=1, help="Messages per poll, i.e. per DuckDB transaction."),
+    max_messages: int = typer.Option(500, min=1, help="Messages per poll, i.e. per DuckDB transaction."),
 ) -> None:
     """Materialize the topics into DuckDB in the foreground (Ctrl-C stops cleanly)."""
     from rankstream.consumers.materializer import serve

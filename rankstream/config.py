@@ -75,7 +75,7 @@ class ProducerSettings:
     batch_events: int = 1000
     flush_interval_s: float = 0.1
     #: Events that may wait on the training thread's side before new ones are dropped (and counted).
-    max_buffered_events: int = 2_000_000
+    max_buffered_events: int = 500_000
     #: Encoded bytes handed to Kafka and not yet acknowledged; past this, batches go to the spool.
     max_inflight_bytes: int = 64 << 20
     #: Where batches wait while the broker is unreachable. Empty means ``<state_dir>/spool``.

@@ -7,7 +7,9 @@ On the wire a batch is ``{"n": count, "str": {col: [values, codes]}, "int": {col
   smaller on the broker and far faster to load than a list of strings;
 * integer columns are little-endian int64 buffers; ``NULL_INT`` marks a missing value in the
   nullable ones (``step``, ``flow_id``, ``correlation_id``);
-* ``args`` is one JSON text (or nil) per event, encoded on the producer's background thread.
+* ``args`` is sparse: ``"args": [json texts]`` for the events that have any, and ``"args_at"``,
+  their event indexes as little-endian uint32. Most events carry none, so a batch usually sends
+  two empty fields instead of a thousand nils. The texts are encoded on the producer's thread.
 
 Building a batch (:meth:`TraceBatch.from_rows`) needs only the standard library, so the
 rank-side producer does not import numpy. Reading one (:meth:`TraceBatch.from_wire`) validates
@@ -50,22 +52,26 @@ _BIG_ENDIAN = sys.byteorder == "big"
 
 
 def _dictionary_encode(values: Sequence[Any]) -> tuple[list[str], bytes]:
-    index: dict[Any, int] = {}
     try:
-        codes = array("I", [index.setdefault(v, len(index)) for v in values])
+        index = {v: i for i, v in enumerate(dict.fromkeys(values))}
+        codes = array("I", map(index.__getitem__, values))
     except TypeError:  # an unhashable value: fall back to its text
-        index.clear()
-        codes = array("I", [index.setdefault(str(v), len(index)) for v in values])
+        texts = [v if type(v) is str else str(v) for v in values]
+        index = {v: i for i, v in enumerate(dict.fromkeys(texts))}
+        codes = array("I", map(index.__getitem__, texts))
     if _BIG_ENDIAN:
         codes.byteswap()
     return [v if type(v) is str else str(v) for v in index], codes.tobytes()
 
 
 def _int_column(values: Sequence[Any]) -> bytes:
-    try:
-        column = array("q", values)
-    except (TypeError, OverflowError):
-        column = array("q", [_to_int(v) for v in values])
+    if values.count(None) == len(values):  # a column nobody filled: common for flow ids
+        column = array("q", [NULL_INT]) * len(values)
+    else:
+        try:
+            column = array("q", values)
+        except (TypeError, OverflowError):
+            column = array("q", [_to_int(v) for v in values])
     if _BIG_ENDIAN:
         column.byteswap()
     return column.tobytes()
@@ -79,6 +85,16 @@ def _to_int(value: Any) -> int:
     except (TypeError, ValueError, OverflowError):
         return NULL_INT
     return number if -(2**63) < number < 2**63 else NULL_INT
+
+
+def _sparse_args(values: Sequence[Any]) -> tuple[bytes, list[str]]:
+    if values.count(None) == len(values):
+        return b"", []
+    present = [i for i, a in enumerate(values) if a is not None]
+    at = array("I", present)
+    if _BIG_ENDIAN:
+        at.byteswap()
+    return at.tobytes(), [_args_text(values[i]) for i in present]
 
 
 def _args_text(value: Any) -> str | None:
@@ -99,7 +115,9 @@ class TraceBatch:
     count: int
     strings: Mapping[str, tuple[list[str], bytes]]
     ints: Mapping[str, bytes]
-    args: list[str | None]
+    #: Event indexes (uint32 LE) of the events that have args, and their JSON texts.
+    args_at: bytes
+    args: list[str]
 
     @classmethod
     def from_rows(cls, rows: Sequence[tuple]) -> "TraceBatch":
@@ -109,11 +127,13 @@ class TraceBatch:
         else:
             columns = list(zip(*rows))
         by_name = dict(zip(TRACE_ROW_FIELDS, columns))
+        args_at, args = _sparse_args(by_name["args"])
         return cls(
             count=len(rows),
             strings={name: _dictionary_encode(by_name[name]) for name in TRACE_STRING_COLUMNS},
             ints={name: _int_column(by_name[name]) for name in TRACE_INT_COLUMNS},
-            args=[_args_text(a) for a in by_name["args"]],
+            args_at=args_at,
+            args=args,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -121,6 +141,7 @@ class TraceBatch:
             "n": self.count,
             "str": {name: [values, codes] for name, (values, codes) in self.strings.items()},
             "int": dict(self.ints),
+            "args_at": self.args_at,
             "args": self.args,
         }
 
@@ -156,11 +177,14 @@ class TraceBatch:
             if type(column) is not bytes or len(column) != 8 * count:
                 raise PayloadError(f"trace batch: integer column {name!r} must be {8 * count} bytes")
             ints[name] = column
-        if not isinstance(args, list) or len(args) != count:
-            raise PayloadError(f"trace batch: 'args' must be a list of {count} entries")
-        if any(a is not None and type(a) is not str for a in args):
-            raise PayloadError("trace batch: every 'args' entry must be JSON text or nil")
-        batch = cls(count=count, strings=strings, ints=ints, args=args)
+        args_at = wire.get("args_at")
+        if type(args_at) is not bytes or not isinstance(args, list) or len(args_at) != 4 * len(args):
+            raise PayloadError("trace batch: 'args_at' must hold one uint32 event index per 'args' entry")
+        if any(type(a) is not str for a in args):
+            raise PayloadError("trace batch: every 'args' entry must be JSON text")
+        if args and int(np.frombuffer(args_at, "<u4").max()) >= count:
+            raise PayloadError("trace batch: an 'args_at' index is outside the batch")
+        batch = cls(count=count, strings=strings, ints=ints, args_at=args_at, args=args)
         batch._check_values()
         return batch
 
@@ -182,6 +206,12 @@ class TraceBatch:
 
         values, codes = self.strings[name]
         return np.frombuffer(codes, "<u4"), values
+
+    def args_positions(self):
+        """Event indexes (uint32 numpy array) of the events that have args, matching ``args``."""
+        import numpy as np
+
+        return np.frombuffer(self.args_at, "<u4")
 
     def int_column(self, name: str):
         """``(int64 numpy array, null mask or None)`` of an integer column."""

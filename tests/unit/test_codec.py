@@ -37,7 +37,7 @@ def test_trace_batch_round_trip_keeps_every_column():
     steps, null = batch.int_column("step")
     assert steps[0] == 3 and list(null) == [False, True]
     assert list(batch.int_column("flow_id")[1]) == [True, False]
-    assert batch.args == ['{"shapes":[[2,2]]}', None]
+    assert batch.args == ['{"shapes":[[2,2]]}'] and list(batch.args_positions()) == [0]
 
 
 @pytest.mark.parametrize("kind,payload", [
@@ -82,7 +82,9 @@ def _mutated(mutate) -> bytes:
     (_mutated(lambda m: m["payload"]["int"].update(ts_ns=b"\x00" * 3)), "must be 16 bytes"),
     (_mutated(lambda m: m["payload"]["int"].update(dur_ns=(-5).to_bytes(8, "little", signed=True) * 2)),
      "duration is negative"),
-    (_mutated(lambda m: m["payload"].update(args=[1, None])), "JSON text or nil"),
+    (_mutated(lambda m: m["payload"].update(args=[1])), "must be JSON text"),
+    (_mutated(lambda m: m["payload"].update(args=["{}", "{}"])), "one uint32 event index per"),
+    (_mutated(lambda m: m["payload"].update(args_at=(7).to_bytes(4, "little"))), "outside the batch"),
     (_mutated(lambda m: m.update(payload="x")), "expected a map"),
 ])
 def test_bad_messages_become_typed_failures(raw, reason):
@@ -119,7 +121,7 @@ def test_stored_v1_trace_batch_upcasts_on_read():
     assert list(decoded.payload.int_column("dur_ns")[0]) == [2500, 0]
     steps, null = decoded.payload.int_column("step")
     assert steps[0] == 3 and null[1]
-    assert decoded.payload.args[0] == '{"shape":[2,2]}'
+    assert decoded.payload.args == ['{"shape":[2,2]}'] and list(decoded.payload.args_positions()) == [0]
 
 
 def test_producer_values_that_do_not_fit_become_nulls_not_errors():

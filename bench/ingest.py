@@ -1,0 +1,305 @@
+"""Ingest benchmark: N producer processes -> embedded broker -> materializer -> DuckDB.
+
+Prints, for this machine, measured in one run:
+
+1. the producer's cost on the calling (training) thread, ns/event, next to the peer: Composer's
+   JSON trace handler records each event by building a dict, ``json.dumps`` and
+   ``queue.put_nowait`` on the calling thread (re-implemented here from that behaviour);
+2. end-to-end events/s sustained over ``--seconds`` (default 60): what the materializer committed
+   to DuckDB while N producer processes offer ``--rate`` events/s in total;
+3. freshness: time from ``emit`` of a probe event to its visibility through ``rankstream sql``'s
+   route (the query server), p50 and p99;
+4. peak RSS of every process;
+5. the materializer alone: how fast ``consume --once`` drains a backlog the producers wrote first
+   (its capacity when producers run on other machines, as ranks do).
+
+Usage: python bench/ingest.py [--producers 2] [--seconds 60] [--rate 1200000] [--quick]
+Targets (issue 2): >= 1,000,000 events/s end to end, <= 1 us/event on the calling thread,
+p99 freshness <= 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from rankstream.config import config_env, load_config
+from rankstream.consumers.query import connect
+from rankstream.consumers.query_server import server_socket
+from rankstream.deploy.broker import start_broker, stop_broker, stop_process
+from rankstream.producers import Producer
+
+NAMES = ("aten::linear", "aten::addmm", "aten::relu", "aten::mm", "aten::sum", "gloo:all_reduce")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- 1. calling-thread cost ---------------------------------------------------------------------
+class ComposerStyleRecorder:
+    """The per-event work Composer's JSONTraceHandler does on the calling thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[str] = queue.Queue()
+
+    def record(self, name: str, ph: str, wall_clock_ns: int, pid: int, tid: int, categories: str = "") -> None:
+        data = {"name": name, "cat": categories, "ph": ph, "ts": wall_clock_ns // 1000, "pid": pid, "tid": tid}
+        self._queue.put_nowait(json.dumps(data, indent=None))
+
+
+def calling_thread_cost(config, events: int) -> dict[str, float]:
+    producer = Producer(run_id="bench-hot-path", rank=0, world_size=1, config=config)
+    recorder = ComposerStyleRecorder()
+    timings = {"rankstream": [], "composer": []}
+    for _ in range(3):
+        started = time.perf_counter_ns()
+        emit = producer.emit
+        for i in range(events):
+            emit(NAMES[i % 6], "cpu_op", "X", i, 1_000, 1, 1, i >> 10)
+        timings["rankstream"].append((time.perf_counter_ns() - started) / events)
+        producer.flush(timeout_s=30)
+        started = time.perf_counter_ns()
+        record = recorder.record
+        for i in range(events):
+            record(NAMES[i % 6], "X", i, 1, 1, "cpu_op")
+        timings["composer"].append((time.perf_counter_ns() - started) / events)
+        recorder._queue = queue.Queue()
+    producer.close()
+    return {name: min(values) for name, values in timings.items()}
+
+
+# -- 2. end to end --------------------------------------------------------------------------------
+def producer_process(rank: int, world: int, rate: float, seconds: float, env: dict, results,
+                     limit: int | None = None) -> None:
+    os.environ.update(env)
+    config = load_config()
+    producer = Producer(run_id="bench-ingest", rank=rank, world_size=world, config=config)
+    chunk = 1000
+    interval = chunk / rate
+    started = time.monotonic()
+    next_at = started
+    emitted = 0
+    ts = time.time_ns()
+    emit = producer.emit
+    while time.monotonic() - started < seconds and (limit is None or emitted < limit):
+        for i in range(chunk):
+            emit(NAMES[i % 6], "cpu_op", "X", ts + i, 1_000, rank, 1, emitted >> 12)
+        emitted += chunk
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    stats = producer.close(timeout_s=60)
+    results.put({"rank": rank, "emitted": emitted, "sent": stats.events_sent, "dropped": stats.events_dropped,
+                 "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def stored_events(database) -> tuple[float, int]:
+    """(time, events committed for the benchmark run), read through the query server."""
+    count = database.fetchall(
+        "SELECT coalesce(sum(events), 0)::BIGINT FROM ingested_batches WHERE run_id = 'bench-ingest'")[0][0]
+    return time.monotonic(), count
+
+
+class PeakRss:
+    """Samples the RSS of some processes every 0.25 s and keeps each one's peak."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.peaks = {name: 0.0 for name in pids}
+        self._processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            for name, process in self._processes.items():
+                try:
+                    self.peaks[name] = max(self.peaks[name], process.memory_info().rss / 2**20)
+                except psutil.Error:
+                    pass
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return self.peaks
+
+
+def freshness_probe(config, stop: threading.Event, samples: list[float]) -> None:
+    producer = Producer(run_id="bench-probe", rank=0, world_size=1, config=config)
+    database = connect(config.db_path, wait_s=30)
+    marker = 0
+    while not stop.is_set():
+        emitted_at = time.monotonic()
+        producer.emit("freshness-probe", "probe", "i", time.time_ns(), 0, 0, 0, marker)
+        marker += 1
+        while not stop.is_set():
+            visible = database.fetchall(
+                "SELECT count(*) FROM ingested_batches WHERE run_id = 'bench-probe' AND stream = 'trace'")[0][0]
+            if visible >= marker:
+                samples.append(time.monotonic() - emitted_at)
+                break
+            time.sleep(0.01)
+        stop.wait(0.25)
+    producer.close(timeout_s=5)
+
+
+def end_to_end(producers: int, seconds: float, rate: float) -> dict:
+    state_dir = Path(tempfile.mkdtemp(prefix="rankstream-bench-"))
+    config = load_config({"db_path": state_dir / "bench.duckdb", "state_dir": state_dir,
+                          "broker_port": free_port(), "topic_prefix": "bench"}, env={})
+    env = config_env(config)
+    broker = start_broker(config)
+    materializer = subprocess.Popen([sys.executable, "-m", "rankstream", "consume"], env={**os.environ, **env},
+                                    stdout=subprocess.DEVNULL, stderr=open(state_dir / "materializer.log", "w"))
+    while server_socket(config.db_path) is None:
+        time.sleep(0.05)
+    rss = PeakRss({"broker": broker.pid, "materializer": materializer.pid})
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=producer_process, args=(r, producers, rate / producers, seconds, env, results))
+               for r in range(producers)]
+    stop_probe = threading.Event()
+    freshness: list[float] = []
+    probe = threading.Thread(target=freshness_probe, args=(config, stop_probe, freshness), daemon=True)
+    for worker in workers:
+        worker.start()
+    probe.start()
+    database = connect(config.db_path, wait_s=30)
+    warm_up = min(5.0, seconds / 4)  # connections, first topic metadata
+    time.sleep(warm_up)
+    first = stored_events(database)
+    time.sleep(max(1.0, seconds - warm_up - 0.5))
+    last = stored_events(database)
+    stop_probe.set()
+    reports = [results.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join()
+    probe.join(timeout=30)
+    emitted = sum(r["emitted"] for r in reports)
+    drain_started = time.monotonic()
+    stored = 0
+    while time.monotonic() - drain_started < 300:
+        stored = database.fetchall("SELECT count(*) FROM trace_events WHERE run_id = 'bench-ingest'")[0][0]
+        if stored >= emitted - sum(r["dropped"] for r in reports):
+            break
+        time.sleep(0.5)
+    catch_up_s = time.monotonic() - drain_started
+    peaks = rss.stop()
+    stop_process(materializer.pid, timeout_s=30)
+    stop_broker(config)
+    window_s = last[0] - first[0]
+    window_events = last[1] - first[1]
+    freshness.sort()
+    return {
+        "producers": producers,
+        "offered_events_per_s": rate,
+        "sustained_events_per_s": window_events / window_s if window_s > 0 else 0.0,
+        "window_s": window_s,
+        "emitted": emitted,
+        "stored": stored,
+        "dropped": sum(r["dropped"] for r in reports),
+        "catch_up_after_stop_s": catch_up_s,
+        "freshness_p50_s": statistics.median(freshness) if freshness else None,
+        "freshness_p99_s": freshness[min(len(freshness) - 1, int(len(freshness) * 0.99))] if freshness else None,
+        "freshness_samples": len(freshness),
+        "peak_rss_mb": {**{f"producer{r['rank']}": r["rss_mb"] for r in reports}, **peaks},
+    }
+
+
+def drain_rate(producers: int, events: int) -> dict:
+    """Materializer capacity alone: producers fill the topics first, then ``consume --once`` drains them."""
+    state_dir = Path(tempfile.mkdtemp(prefix="rankstream-bench-drain-"))
+    config = load_config({"db_path": state_dir / "drain.duckdb", "state_dir": state_dir,
+                          "broker_port": free_port(), "topic_prefix": "drain"}, env={})
+    env = config_env(config)
+    start_broker(config)
+    try:
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        per_producer = events // producers
+        # Offer far more than can be encoded, capped by count: fills the topics as fast as possible.
+        workers = [context.Process(target=producer_process, args=(r, producers, 10_000_000, 3600, env, results),
+                                   kwargs={"limit": per_producer}) for r in range(producers)]
+        for worker in workers:
+            worker.start()
+        reports = [results.get(timeout=900) for _ in workers]
+        for worker in workers:
+            worker.join()
+        sent = sum(r["sent"] for r in reports)
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "rankstream", "consume", "--once", "--no-serve-sql"],
+                       env={**os.environ, **env}, check=True, capture_output=True)
+        elapsed = time.monotonic() - started
+        stored = connect(config.db_path).fetchall("SELECT count(*) FROM trace_events")[0][0]
+    finally:
+        stop_broker(config)
+    return {"events": stored, "sent": sent, "seconds": elapsed, "events_per_s": stored / elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=float, default=1_000_000, help="offered events/s, all producers together")
+    parser.add_argument("--hot-path-events", type=int, default=1_000_000)
+    parser.add_argument("--drain-events", type=int, default=6_000_000, help="backlog for the materializer-alone run")
+    parser.add_argument("--quick", action="store_true", help="10 s and 200k hot-path events, for a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.hot_path_events, args.drain_events = 10.0, 200_000, 1_000_000
+
+    state_dir = Path(tempfile.mkdtemp(prefix="rankstream-bench-hot-"))
+    config = load_config({"db_path": state_dir / "hot.duckdb", "state_dir": state_dir, "broker_port": free_port(),
+                          "topic_prefix": "hot"}, env={})
+    start_broker(config)
+    try:
+        hot = calling_thread_cost(config, args.hot_path_events)
+    finally:
+        stop_broker(config)
+    e2e = end_to_end(args.producers, args.seconds, args.rate)
+    drain = drain_rate(args.producers, args.drain_events)
+
+    print(f"\nrankstream ingest benchmark ({os.cpu_count()} cores)")
+    print("calling-thread cost per event (min of 3 x {:,} events):".format(args.hot_path_events))
+    print(f"  rankstream Producer.emit         {hot['rankstream']:8.0f} ns   (target <= 1000 ns: "
+          f"{hot['rankstream'] / 1000:.2f}x of budget)")
+    print(f"  Composer-style json+queue        {hot['composer']:8.0f} ns")
+    print(f"  ratio composer / rankstream      {hot['composer'] / hot['rankstream']:8.1f}x")
+    print(f"end to end, {e2e['producers']} producer processes offering {e2e['offered_events_per_s']:,.0f} events/s "
+          f"for {args.seconds:.0f} s:")
+    print(f"  sustained into DuckDB            {e2e['sustained_events_per_s']:12,.0f} events/s over "
+          f"{e2e['window_s']:.0f} s  ({e2e['sustained_events_per_s'] / 1e6:.2f}x of the 1M/s target)")
+    print(f"  emitted / stored / dropped       {e2e['emitted']:,} / {e2e['stored']:,} / {e2e['dropped']:,}")
+    print(f"  caught up after producers stop   {e2e['catch_up_after_stop_s']:.1f} s")
+    if e2e["freshness_p50_s"] is not None:
+        print(f"  freshness emit -> sql            p50 {e2e['freshness_p50_s']:.3f} s, p99 "
+              f"{e2e['freshness_p99_s']:.3f} s over {e2e['freshness_samples']} probes (target p99 <= 2 s)")
+    print("  peak RSS (MB)                    " + ", ".join(f"{k} {v:.0f}" for k, v in e2e["peak_rss_mb"].items()))
+    print(f"materializer alone (drains a {drain['events']:,}-event backlog, startup included):")
+    print(f"  consume --once                   {drain['events_per_s']:12,.0f} events/s in {drain['seconds']:.1f} s "
+          f"({drain['events_per_s'] / 1e6:.2f}x of the 1M/s target)")
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "ingest.json").write_text(json.dumps({"hot_path_ns": hot, "end_to_end": e2e, "drain": drain}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
