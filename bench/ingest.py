@@ -102,6 +102,9 @@ def producer_process(rank: int, world: int, rate: float, seconds: float, env: di
         for i in range(chunk):
             emit(NAMES[i % 6], "cpu_op", "X", ts + i, 1_000, rank, 1, emitted >> 12)
         emitted += chunk
+        if limit is not None:  # filling a backlog: keep pace with the sender thread, drop nothing
+            while producer.stats().buffered_events > 100_000:
+                time.sleep(0.001)
         next_at += interval
         delay = next_at - time.monotonic()
         if delay > 0:

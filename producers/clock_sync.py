@@ -1,0 +1,47 @@
+"""Clock sync samples: when did every rank pass the same instant, and how sure are we.
+
+As Composer's trace handler does, each rank reads its clock between two barriers; the reading
+is "the same instant" on every rank to within the error bound, the time from entering the first
+barrier to leaving the second. rankstream's barriers go through the process group's key-value
+store, not through collectives, because:
+
+* a store wait has a timeout, so a rank whose peers never join records a failure instead of
+  hanging (this also makes it safe to run periodically from a background thread);
+* store operations add no collectives, so Flight Recorder sequence numbers stay the job's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+__all__ = ["ClockSample", "sample_clock"]
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    #: This rank's wall clock (epoch ns) at the shared instant.
+    sync_ns: int
+    #: Round trip of the two barriers: the reading is the shared instant +- this.
+    error_ns: int
+    round: int
+
+
+def _store_barrier(store, key: str, world_size: int, timeout_s: float) -> None:
+    arrived = store.add(f"{key}/arrived", 1)
+    if arrived == world_size:
+        store.set(f"{key}/open", b"1")
+    else:
+        store.wait([f"{key}/open"], timedelta(seconds=timeout_s))
+
+
+def sample_clock(store, run_id: str, round_number: int, world_size: int, timeout_s: float = 10.0) -> ClockSample:
+    """Two store barriers around a clock reading. Raises (after ``timeout_s``) if a peer is missing."""
+    key = f"rankstream/clock/{run_id}/{round_number}"
+    before = time.time_ns()
+    _store_barrier(store, f"{key}/a", world_size, timeout_s)
+    sync = time.time_ns()
+    _store_barrier(store, f"{key}/b", world_size, timeout_s)
+    after = time.time_ns()
+    return ClockSample(sync_ns=sync, error_ns=after - before, round=round_number)
