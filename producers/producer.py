@@ -77,12 +77,15 @@ class Producer:
 
     def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config | None = None,
                  enabled: bool = True, metadata: Mapping[str, Any] | None = None,
-                 transport: Transport | None = None, bus: MemoryBus | None = None) -> None:
+                 transport: Transport | None = None, bus: MemoryBus | None = None,
+                 session_id: str | None = None) -> None:
         self.run_id = run_id
         self.rank = rank
         self.world_size = world_size
         self.enabled = enabled
-        self.session_id = uuid.uuid4().hex[:16]
+        #: New per process; an importer passes one derived from its input, so importing the
+        #: same file twice produces the same batch keys and the materializer drops the repeat.
+        self.session_id = session_id or uuid.uuid4().hex[:16]
         self._emitted = 0
         if not enabled:
             for name in _EMIT_CALLS + ("flush", "close"):
@@ -161,6 +164,12 @@ class Producer:
             broker=counters.health,
             last_error=counters.last_error,
         )
+
+    def messages_sent(self) -> dict[str, int]:
+        """Messages encoded so far per stream (each stream's next sequence number)."""
+        if not self.enabled:
+            return {}
+        return {stream.value: seq for stream, seq in self._seq.items()}
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Cut and hand over everything queued so far; True if it was sent (not only spooled)."""

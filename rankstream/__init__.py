@@ -1,18 +1,26 @@
 """rankstream: stream PyTorch profiler traces and Flight Recorder entries from every rank
 through Kafka into DuckDB, live, and analyze them across ranks.
 
-Rank side: :class:`Producer` (``rankstream.producers``). Query side: :func:`connect`.
+Rank side: ``rankstream.init()``, ``span``, ``instant``, ``counter``, ``step``, ``profile``
+(see ``rankstream.api``), or a bare :class:`Producer`. Query side: :func:`connect`.
 """
 
 __version__ = "0.1.0"
 
 from rankstream.errors import RankstreamError  # noqa: E402
 
-__all__ = ["RankstreamError", "Producer", "connect", "__version__"]
+__all__ = ["RankstreamError", "Producer", "connect", "init", "shutdown", "span", "instant", "counter", "step",
+           "profile", "session", "__version__"]
+
+_API = ("init", "shutdown", "span", "instant", "counter", "step", "profile", "session")
 
 
 def __getattr__(name: str):
     # Lazy, so that `import rankstream` on a rank does not import duckdb or pyarrow.
+    if name in _API:
+        from rankstream import api
+
+        return getattr(api, name)
     if name == "Producer":
         from rankstream.producers import Producer
 

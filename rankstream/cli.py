@@ -26,6 +26,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Stream PyTorch traces and Flight Recorder entries from every rank into DuckDB.")
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded local broker (Tansu on 127.0.0.1).")
 app.add_typer(broker_app, name="broker")
+import_app = typer.Typer(no_args_is_help=True, help="Backfill files through the bus into the same tables as live data.")
+app.add_typer(import_app, name="import")
 
 #: Piped output (logs, CI, `| grep`) gets wide lines instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -131,6 +133,36 @@ def _log_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+# -- imports --------------------------------------------------------------------------------------
+def _report_import(summary) -> None:
+    ranks = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(summary.ranks.items()))
+    console.print(f"imported into run {summary.run_id!r}: {ranks} ({summary.messages} messages)")
+
+
+@import_app.command("fr")
+def import_fr_command(
+    directory: Path = typer.Argument(..., help="Folder of per-rank Flight Recorder dumps (pickle or JSON)."),
+    prefix: str = typer.Option("rank", "--prefix", "-p", help="File name prefix before the rank, as fr_trace's."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run id to file the data under (default fr-<folder>)."),
+) -> None:
+    """Import per-rank FR dumps (NCCL or gloo, torch 2.x); pickles are read without running code."""
+    from rankstream.producers.import_fr import import_fr
+
+    _report_import(import_fr(config(), directory, prefix=prefix, run_id=run))
+
+
+@import_app.command("trace")
+def import_trace_command(
+    files: list[Path] = typer.Argument(..., help="Chrome/Kineto trace files (.json or .json.gz)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run id to file the data under."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
+) -> None:
+    """Import torch.profiler / Kineto, Composer and generic Chrome traces, streamed."""
+    from rankstream.producers.import_trace import import_traces
+
+    _report_import(import_traces(config(), files, run_id=run, rank=rank))
+
+
 # -- queries --------------------------------------------------------------------------------------
 def _print_table(table, output: str) -> None:
     rows = table.to_pylist()
@@ -179,14 +211,23 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 
 @app.command()
 def demo(
-    ranks: int = typer.Option(4, help="Producer processes (simulated ranks)."),
-    steps: int = typer.Option(20, help="Training steps per rank."),
-    events_per_step: int = typer.Option(2000, help="Trace events per rank and step."),
+    ranks: int = typer.Option(4, min=2, help="Ranks (processes) of the gloo job."),
+    steps: int = typer.Option(20, min=2, help="Training steps."),
+    fault: str = typer.Option("none", help="Inject a fault: none, hang, desync, straggler or crash."),
+    fault_rank: int = typer.Option(1, help="The rank that misbehaves."),
+    synthetic: bool = typer.Option(False, help="Stream a synthetic job instead (no torch)."),
 ) -> None:
-    """Start what is needed, stream a synthetic multi-rank job, show what was captured, stop."""
+    """Start what is needed, run a real 4-rank gloo training job streamed by rankstream, show what
+    was captured, stop."""
     from rankstream.demo import run_demo
+    from rankstream.demo_job import FAULTS
 
-    run_demo(config(), ranks=ranks, steps=steps, events_per_step=events_per_step, console=console)
+    if fault not in FAULTS:
+        raise typer.BadParameter(f"--fault must be one of {', '.join(FAULTS)}")
+    if not 0 <= fault_rank < ranks:
+        raise typer.BadParameter(f"--fault-rank must be between 0 and {ranks - 1}")
+    run_demo(config(), ranks=ranks, steps=steps, fault=fault, fault_rank=fault_rank, synthetic=synthetic,
+             console=console)
 
 
 def main() -> None:

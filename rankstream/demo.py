@@ -1,103 +1,143 @@
 """``rankstream demo``: the main job on the embedded defaults, start to finish.
 
-It starts the embedded broker and the materializer if they are not running, launches one process
-per rank that streams a synthetic training job, waits until DuckDB holds every event the ranks
-report as emitted, prints what was captured and a sample query, and stops what it started.
+It starts the embedded broker and the materializer if they are not running, launches a real gloo
+training job with one process per rank (``rankstream.demo_job``; ``--synthetic`` streams a
+synthetic job without torch instead), waits until DuckDB has caught up with what the ranks
+emitted, prints what was captured per rank and a sample query, and stops what it started.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import socket
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from rankstream.config import Config
+from rankstream.config import Config, config_env
 
 __all__ = ["run_demo"]
 
-SAMPLE_SQL = """SELECT rank, count(DISTINCT step) AS steps,
-       round(avg(dur_ns) FILTER (WHERE name LIKE 'ProfilerStep#%') / 1e6, 2) AS step_ms,
-       round(sum(dur_ns) FILTER (WHERE name LIKE 'gloo:%') / 1e6, 2) AS comm_ms
+SAMPLE_SQL = """SELECT rank,
+       count(*) FILTER (WHERE name = 'step') AS steps,
+       round(median(dur_ns) FILTER (WHERE name LIKE 'ProfilerStep#%') / 1e6, 2) AS profiled_step_ms,
+       count(*) FILTER (WHERE ph = 'B' AND name = 'allreduce') AS allreduce_spans
 FROM trace_events WHERE run_id = ? GROUP BY rank ORDER BY rank"""
 
 CAPTURED_SQL = """
 SELECT k.rank, k.host, k.pid,
        (SELECT count(*) FROM trace_events t WHERE t.run_id = k.run_id AND t.rank = k.rank) AS events,
        (SELECT count(DISTINCT step) FROM trace_events t WHERE t.run_id = k.run_id AND t.rank = k.rank) AS steps,
-       (SELECT count(*) FROM fr_entries f WHERE f.run_id = k.run_id AND f.rank = k.rank) AS collectives,
+       (SELECT count(DISTINCT record_id) FROM fr_entries f WHERE f.run_id = k.run_id AND f.rank = k.rank)
+           AS collectives,
+       (SELECT max(collective_seq_id) FROM fr_entries f WHERE f.run_id = k.run_id AND f.rank = k.rank
+            AND pg_desc = 'default_pg') AS last_seq_default_pg,
        (SELECT count(*) FROM process_groups g WHERE g.run_id = k.run_id AND g.rank = k.rank) AS groups
 FROM ranks k WHERE k.run_id = ? ORDER BY k.rank"""
 
 
-def _rank_main(run_id: str, rank: int, world_size: int, steps: int, events_per_step: int, config: Config,
-               results) -> None:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _synthetic_rank(run_id: str, rank: int, world_size: int, steps: int, config: Config) -> None:
     from rankstream.producers import Producer
     from rankstream.synthetic import SyntheticJob, run_synthetic_rank
 
     producer = Producer(run_id=run_id, rank=rank, world_size=world_size, config=config)
-    job = SyntheticJob(run_id, world_size, steps, events_per_step)
-    emitted = run_synthetic_rank(job, rank, producer, pace_s=0.02)
-    stats = producer.close()
-    results.put((rank, emitted, stats.events_sent, stats.events_dropped))
+    run_synthetic_rank(SyntheticJob(run_id, world_size, steps, 2000), rank, producer, pace_s=0.02)
+    producer.close()
 
 
-def _wait_for(database, run_id: str, expected: int, timeout_s: float) -> int:
+def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fault_rank: int,
+            synthetic: bool, report_dir: str) -> list[int]:
+    """Start one process per rank and wait for all of them; returns their exit codes."""
+    context = multiprocessing.get_context("spawn")
+    if synthetic:
+        workers = [context.Process(target=_synthetic_rank, args=(run_id, r, ranks, steps, config))
+                   for r in range(ranks)]
+    else:
+        from rankstream.demo_job import JobSpec, train_rank
+
+        spec = JobSpec(run_id=run_id, world_size=ranks, steps=steps, fault=fault, fault_rank=fault_rank,
+                       master_port=_free_port(), report_dir=report_dir)
+        workers = [context.Process(target=train_rank, args=(r, spec, config_env(config))) for r in range(ranks)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=600)
+    return [worker.exitcode for worker in workers]
+
+
+def _wait_caught_up(database, run_id: str, timeout_s: float = 60.0) -> int:
+    """Wait until the stored event count stops growing (the ranks are gone; the bus is drained)."""
     deadline = time.monotonic() + timeout_s
-    stored = 0
+    last, stable_since = -1, time.monotonic()
     while time.monotonic() < deadline:
-        stored = database.fetchall(
-            "SELECT coalesce(sum(events), 0) FROM ingested_batches WHERE run_id = ?", [run_id])[0][0]
-        if stored >= expected:
+        stored = database.fetchall("SELECT coalesce(sum(events), 0)::BIGINT FROM ingested_batches "
+                                   "WHERE run_id = ?", [run_id])[0][0]
+        if stored != last:
+            last, stable_since = stored, time.monotonic()
+        elif time.monotonic() - stable_since > 1.5:
             break
         time.sleep(0.2)
-    return stored
+    return last
 
 
-def run_demo(config: Config, *, ranks: int, steps: int, events_per_step: int, console: Console) -> None:
+def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault: str = "none",
+             fault_rank: int = 1, synthetic: bool = False) -> dict:
     from rankstream.consumers.query import connect
     from rankstream.deploy.services import absolute, down, materializer_pid, up
 
     config = absolute(config)
     started_here = materializer_pid(config) is None
     services = up(config)
-    console.print(f"[bold]rankstream demo[/]: broker {config.bootstrap_servers}, "
-                  f"materializer pid {services.materializer_pid}, database {config.db_path}")
     run_id = f"demo-{uuid.uuid4().hex[:8]}"
+    console.print(f"[bold]rankstream demo[/]: run {run_id}, {ranks} ranks x {steps} steps, fault {fault}"
+                  + (f" on rank {fault_rank}" if fault != "none" else "")
+                  + f"; broker {config.bootstrap_servers}, materializer pid {services.materializer_pid}, "
+                    f"database {config.db_path}")
+    report_dir = tempfile.mkdtemp(prefix="rankstream-demo-")
     try:
-        context = multiprocessing.get_context("spawn")
-        results = context.Queue()
-        workers = [context.Process(target=_rank_main, args=(run_id, r, ranks, steps, events_per_step, config,
-                                                            results)) for r in range(ranks)]
         began = time.monotonic()
-        for worker in workers:
-            worker.start()
-        reports = sorted(results.get(timeout=300) for _ in workers)
-        for worker in workers:
-            worker.join()
-        emitted = sum(r[1] for r in reports)
-        console.print(f"{ranks} ranks emitted {emitted:,} trace events in {time.monotonic() - began:.1f} s "
-                      f"(dropped by producers: {sum(r[3] for r in reports)})")
+        codes = _launch(config, run_id, ranks, steps, fault, fault_rank, synthetic, report_dir)
+        reports = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(report_dir).glob("rank*.json")}
+        console.print(f"job finished in {time.monotonic() - began:.1f} s; exit codes "
+                      + ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes)))
+        for rank, report in sorted(reports.items()):
+            if "error" in report:
+                console.print(f"  rank {rank} stopped: {report['error']}", markup=False, highlight=False)
         database = connect(config.db_path)
-        stored = _wait_for(database, run_id, emitted, timeout_s=60)
-        console.print(f"materialized: {stored:,} of {emitted:,} events in {config.db_path}")
+        stored = _wait_caught_up(database, run_id)
+        console.print(f"materialized {stored:,} trace events in {config.db_path}")
+        for rank, report in sorted(reports.items()):
+            if "emitted_1s_before_kill" in report:
+                kept = database.fetchall("SELECT count(*) FROM trace_events WHERE run_id = ? AND rank = ?",
+                                         [run_id, rank])[0][0]
+                verdict = "all survived" if kept >= report["emitted_1s_before_kill"] else "SOME WERE LOST"
+                console.print(f"  rank {rank} was killed with SIGKILL: it had emitted "
+                              f"{report['emitted_1s_before_kill']:,} events 1 s before the kill; DuckDB holds "
+                              f"{kept:,} of its events ({verdict})")
         _show(database, console, f"run {run_id}: captured per rank", CAPTURED_SQL, run_id)
         console.print("\nsample query (rankstream sql, or rankstream.connect() in Python):")
         console.print(SAMPLE_SQL.replace("?", f"'{run_id}'"), style="cyan", markup=False, highlight=False)
         _show(database, console, None, SAMPLE_SQL, run_id)
-        if stored < emitted:
-            raise SystemExit(f"demo: only {stored} of {emitted} events reached DuckDB")
+        return {"run_id": run_id, "exit_codes": codes, "reports": reports, "stored": stored}
     finally:
         if started_here:
-            stopped = down(config)
-            console.print("stopped: " + ", ".join(stopped))
+            console.print("stopped: " + ", ".join(down(config)))
 
 
 def _show(database, console: Console, title: str | None, sql: str, run_id: str) -> None:
     result = database.arrow(sql, [run_id])
     table = Table(*result.column_names, title=title)
     for row in result.to_pylist():
-        table.add_row(*[str(v) for v in row.values()])
+        table.add_row(*["" if v is None else str(v) for v in row.values()])
     console.print(table)

@@ -1,0 +1,107 @@
+"""Backfill through the bus: what the FR and trace importers share.
+
+Imported data takes the same path as live data (producer, topics, materializer), so it lands in
+the same tables. An import first reads and checks every input completely; only when all of it is
+good does it publish anything, so a bad file never leaves half an import behind. Each rank's data
+is published under a session id derived from the input's bytes: importing the same file again
+produces the same batch keys, and the materializer drops the repeat.
+
+After publishing, the import waits until the data is in DuckDB: through the running materializer
+if there is one, otherwise by materializing once in this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rankstream.config import Config
+from rankstream.errors import BadInput, RankstreamError
+from rankstream.producers.producer import Producer
+
+__all__ = ["ImportSummary", "content_session_id", "publish_ranks", "wait_materialized", "check_input_file"]
+
+#: Files above this size are refused; nothing rankstream imports legitimately comes close.
+MAX_INPUT_BYTES = 64 << 30
+
+
+@dataclass
+class ImportSummary:
+    run_id: str
+    ranks: dict[int, int] = field(default_factory=dict)  # rank -> records imported
+    messages: int = 0
+    sessions: list[str] = field(default_factory=list)
+    materialized: bool = False
+
+
+def check_input_file(path: Path) -> None:
+    """Refuse what cannot be an input file, with one line naming it."""
+    if path.is_symlink() and not path.exists():
+        raise BadInput(f"{path}: broken symbolic link")
+    if path.is_dir():
+        raise BadInput(f"{path}: is a directory, expected a file")
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    size = path.stat().st_size
+    if size == 0:
+        raise BadInput(f"{path}: empty file")
+    if size > MAX_INPUT_BYTES:
+        raise BadInput(f"{path}: {size} bytes is larger than the {MAX_INPUT_BYTES}-byte limit")
+
+
+def content_session_id(*parts: bytes | str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+    return "import-" + digest.hexdigest()[:16]
+
+
+def publish_ranks(config: Config, run_id: str, ranks: list[int], world_size: int, session_id: str,
+                  fill: Callable[[dict[int, Producer]], dict[int, int]], summary: ImportSummary) -> None:
+    """Run ``fill`` with one producer per rank (it returns records per rank) and make sure every
+    message left. Session ids are ``<session_id>-<rank>``, so a re-import repeats its batch keys."""
+    producers = {rank: Producer(run_id=run_id, rank=rank, world_size=world_size, config=config,
+                                session_id=f"{session_id}-{rank}") for rank in ranks}
+    try:
+        for rank, count in fill(producers).items():
+            summary.ranks[rank] = summary.ranks.get(rank, 0) + count
+    finally:
+        stats = {rank: producer.close(timeout_s=60) for rank, producer in producers.items()}
+    for rank, stat in stats.items():
+        if stat.events_dropped:
+            raise RankstreamError(f"rank {rank}: {stat.events_dropped} events could not be sent ({stat.last_error})")
+        if stat.broker != "up":
+            raise RankstreamError(f"rank {rank}: the broker at {config.bootstrap_servers} is not reachable "
+                                  f"({stat.last_error}); the data waits in the spool {config.spool_dir}")
+    for producer in producers.values():
+        summary.messages += sum(producer.messages_sent().values())
+        summary.sessions.append(producer.session_id)
+
+
+def wait_materialized(config: Config, summary: ImportSummary, timeout_s: float = 300.0) -> None:
+    """Block until DuckDB holds every message of the import."""
+    from rankstream.consumers.query import connect
+    from rankstream.consumers.query_server import server_socket
+
+    if server_socket(config.db_path) is None:
+        from rankstream.consumers.materializer import serve
+
+        serve(config, threading.Event(), once=True, query_server=False, log=lambda line: None)
+    database = connect(config.db_path, wait_s=30)
+    placeholders = ", ".join("?" for _ in summary.sessions)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored = database.fetchall(
+            f"SELECT count(*) FROM ingested_batches WHERE run_id = ? AND session_id IN ({placeholders})",
+            [summary.run_id, *summary.sessions])[0][0]
+        if stored >= summary.messages:
+            summary.materialized = True
+            return
+        if time.monotonic() > deadline:
+            raise RankstreamError(f"only {stored} of {summary.messages} imported messages reached "
+                                  f"{config.db_path} within {timeout_s:.0f} s; is the materializer running?")
+        time.sleep(0.1)

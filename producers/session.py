@@ -1,0 +1,197 @@
+"""A rank's rankstream session: its producer, Flight Recorder tap, clock sync and step counter.
+
+One session per process (``rankstream.init`` creates it). It takes a final FR snapshot and
+flushes the producer when the process ends: normally (``atexit``), on an uncaught exception
+(``sys.excepthook``) and on SIGTERM/SIGINT (the previous handlers still run afterwards).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from rankstream.config import Config, LaunchEnvironment
+from rankstream.producers.clock_sync import sample_clock
+from rankstream.producers.flight_recorder import FlightRecorderTap
+from rankstream.producers.producer import Producer
+from rankstream.producers.profiler import ProfilerStream
+
+__all__ = ["RankSession", "resolve_identity"]
+
+
+def _dist():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def resolve_identity(run_id: str | None, rank: int | None, world_size: int | None,
+                     launch: LaunchEnvironment) -> tuple[str, int, int]:
+    """Who this rank is: explicit arguments, then the process group, then the launcher's variables.
+
+    Without an explicit run id (argument, RANKSTREAM_RUN_ID or torchrun's rendezvous id) and with a
+    process group, rank 0 proposes one through the group's store and every rank reads it back;
+    without a process group it is derived from MASTER_ADDR:MASTER_PORT and the day, which all ranks
+    of one launch share.
+    """
+    dist = _dist()
+    if rank is None:
+        rank = dist.get_rank() if dist else (launch.rank if launch.rank is not None else 0)
+    if world_size is None:
+        world_size = dist.get_world_size() if dist else (launch.world_size or 1)
+    if run_id is None and launch.run_id and launch.run_id != "none":
+        run_id = launch.run_id
+    if run_id is None and dist is not None:
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            proposal = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            run_id = store.compare_set("rankstream/run_id", "", proposal).decode()
+        except Exception:
+            run_id = None
+    if run_id is None:
+        master = (launch.master or "local").replace(":", "-")
+        run_id = f"job-{master}-{time.strftime('%Y%m%d')}"
+    return run_id, rank, world_size
+
+
+class RankSession:
+    def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config, launch: LaunchEnvironment,
+                 metadata: dict | None = None, fr_tap: bool = True, fr_interval_s: float = 1.0,
+                 clock_sync: bool = True, clock_sync_interval_s: float = 60.0, clock_sync_timeout_s: float = 10.0,
+                 producer: Producer | None = None) -> None:
+        self.run_id, self.rank, self.world_size = run_id, rank, world_size
+        self.producer = producer or Producer(run_id=run_id, rank=rank, world_size=world_size, config=config,
+                                             metadata=metadata)
+        self.step: int | None = None
+        self.pid = os.getpid()
+        self.clock_failures = 0
+        self.clock_samples = 0
+        self._stop = threading.Event()
+        self._closed = False
+        self._profiler_streams: list[ProfilerStream] = []
+        self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,
+                                         local_world_size=launch.local_world_size, **_versions())
+        self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s) if fr_tap else None
+        if self.tap:
+            self.tap.start()
+        self._groups_sent = False
+        self._clock_interval = clock_sync_interval_s
+        self._clock_timeout = clock_sync_timeout_s
+        self._clock_thread = None
+        if clock_sync and world_size > 1:
+            self._clock_thread = threading.Thread(target=self._clock_loop, name="rankstream-clock", daemon=True)
+            self._clock_thread.start()
+        self._install_hooks()
+
+    # -- profiler ---------------------------------------------------------------------------------
+    def profiler_stream(self, then=None) -> ProfilerStream:
+        stream = ProfilerStream(self.producer, self.rank, then=then)
+        self._profiler_streams.append(stream)
+        return stream
+
+    # -- clock sync and process groups ------------------------------------------------------------
+    def _clock_loop(self) -> None:
+        round_number = 0
+        while not self._stop.is_set():
+            dist = _dist()
+            if dist is None:  # the process group does not exist yet: look again soon
+                self._stop.wait(0.5)
+                continue
+            self._send_groups(dist)
+            try:
+                store = dist.distributed_c10d._get_default_store()
+                sample = sample_clock(store, self.run_id, round_number, self.world_size, self._clock_timeout)
+                self.producer.emit_rank_metadata(clock_sync_ns=sample.sync_ns, clock_error_ns=sample.error_ns)
+                self.clock_samples += 1
+            except Exception as exc:  # a peer did not join within the timeout, or the store is gone
+                self.clock_failures += 1
+                self.producer.emit("clock_sync_failed", "rankstream", "i", time.time_ns(), 0, self.pid, 0,
+                                   self.step, None, None, {"round": round_number, "error": str(exc)[:300]})
+            round_number += 1
+            self._stop.wait(self._clock_interval)
+
+    def _send_groups(self, dist) -> None:
+        if self._groups_sent:
+            return
+        self._groups_sent = True
+        try:
+            backend = dist.get_backend()
+            groups = []
+            for config in dist.distributed_c10d._get_all_pg_configs():
+                ranks = config.get("ranks")
+                groups.append({"pg_name": str(config.get("pg_name")), "pg_desc": config.get("pg_desc"),
+                               "ranks": list(ranks) if ranks else None,
+                               "backend": str(config.get("backend") or backend)})
+            if groups:
+                self.producer.emit_process_groups(groups)
+            self.producer.emit_rank_metadata(backend=backend)
+        except Exception:
+            pass
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Final FR snapshot, convert pending profiler windows, flush the producer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self.tap:
+            self.tap.stop(final_snapshot=True)
+        for stream in self._profiler_streams:
+            stream.flush(timeout_s=10)
+        self.producer.close(timeout_s)
+
+    def emergency_flush(self, reason: str) -> None:
+        """On a crash path: snapshot FR and push what is buffered, without closing anything."""
+        try:
+            self.producer.emit("process_exit", "rankstream", "i", time.time_ns(), 0, self.pid, 0, self.step,
+                               None, None, {"reason": reason})
+            if self.tap:
+                self.tap.snapshot()
+            self.producer.flush(timeout_s=3.0)
+        except Exception:
+            pass
+
+    def _install_hooks(self) -> None:
+        atexit.register(self.shutdown)
+        previous_hook = sys.excepthook
+
+        def excepthook(kind, value, traceback):
+            self.emergency_flush(f"uncaught {kind.__name__}: {value}"[:300])
+            previous_hook(kind, value, traceback)
+
+        sys.excepthook = excepthook
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+
+            def handler(number, frame, previous=previous):
+                self.emergency_flush(f"signal {signal.Signals(number).name}")
+                if callable(previous):
+                    previous(number, frame)
+                elif previous == signal.SIG_DFL:
+                    signal.signal(number, signal.SIG_DFL)
+                    os.kill(os.getpid(), number)
+
+            try:
+                signal.signal(signum, handler)
+            except (ValueError, OSError):
+                pass
+
+
+def _versions() -> dict[str, Any]:
+    try:
+        import torch
+
+        return {"torch_version": torch.__version__}
+    except ImportError:
+        return {}

@@ -1,0 +1,129 @@
+"""The demo's training job: a real gloo job on CPU, one process per rank, streamed by rankstream.
+
+Each step: data loading, forward through a small MLP, an all-gather of activations inside the
+rank's tensor-parallel pair, backward, a data-parallel all-reduce of the gradients over the
+default group, a broadcast from rank 0 every 5 steps, and the optimizer step, all in
+``rankstream.span``s, under ``rankstream.profile`` (torch.profiler on a schedule) and with the
+Flight Recorder tap on.
+
+``fault`` makes ``fault_rank`` misbehave at the middle step, as real jobs do:
+
+* ``hang``: it skips the gradient all-reduce, so its peers wait in it until the group times out;
+* ``desync``: it all-reduces a tensor of the wrong size;
+* ``straggler``: it sleeps before every step;
+* ``crash``: it is killed with SIGKILL in the middle of the step (after one quiet second, so the
+  events it emitted more than a second before the kill are all that can be expected to survive).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+FAULTS = ("none", "hang", "desync", "straggler", "crash")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    run_id: str
+    world_size: int
+    steps: int
+    fault: str = "none"
+    fault_rank: int = 1
+    master_port: int = 29500
+    #: How long a peer waits in a collective that never completes (the hang and desync faults).
+    collective_timeout_s: float = 20.0
+    straggler_sleep_s: float = 0.15
+    #: Where each rank writes a small JSON report (events emitted, the crash moment...).
+    report_dir: str = ""
+
+
+def _tp_pairs(world_size: int):
+    import torch.distributed as dist
+
+    groups = {}
+    for first in range(0, world_size - 1, 2):  # every rank must create every group, in order
+        pair = [first, first + 1]
+        groups[tuple(pair)] = dist.new_group(pair)
+    return groups
+
+
+def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
+    """Entry point of one rank's process."""
+    os.environ.update(environment)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec.master_port), RANK=str(rank),
+                      WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(spec.world_size),
+                      GROUP_RANK="0")
+    import torch
+    import torch.distributed as dist
+
+    import rankstream
+
+    session = rankstream.init(run_id=spec.run_id, fr_interval_s=0.5, clock_sync_interval_s=10.0)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=spec.collective_timeout_s))
+    pairs = _tp_pairs(spec.world_size)
+    my_pair = next((g for ranks, g in pairs.items() if rank in ranks), None)
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    faulty = spec.fault != "none" and rank == spec.fault_rank
+    middle = spec.steps // 2
+    report: dict = {"rank": rank}
+    try:
+        with rankstream.profile(wait=1, warmup=1, active=2, repeat=0, record_shapes=True, profile_memory=True) as prof:
+            for step in range(spec.steps):
+                rankstream.step(step)
+                if faulty and spec.fault == "straggler":
+                    time.sleep(spec.straggler_sleep_s)
+                with rankstream.span("data"):
+                    inputs, targets = torch.randn(32, 64), torch.randint(0, 10, (32,))
+                with rankstream.span("forward"):
+                    hidden = model[1](model[0](inputs))
+                    if my_pair is not None:
+                        gathered = [torch.empty_like(hidden) for _ in range(2)]
+                        dist.all_gather(gathered, hidden.detach(), group=my_pair)
+                    loss = torch.nn.functional.cross_entropy(model[2](hidden), targets)
+                if faulty and spec.fault == "crash" and step == middle:
+                    report["emitted_1s_before_kill"] = session.producer.stats().events_emitted
+                    _write_report(spec, report)
+                    time.sleep(1.0)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                with rankstream.span("backward"):
+                    optimizer.zero_grad()
+                    loss.backward()
+                with rankstream.span("allreduce"):
+                    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+                    if faulty and step == middle and spec.fault == "hang":
+                        rankstream.instant("skipped_allreduce", step=step)
+                    elif faulty and step == middle and spec.fault == "desync":
+                        dist.all_reduce(grads[: grads.numel() // 2].contiguous())
+                    else:
+                        dist.all_reduce(grads)
+                if step % 5 == 0:
+                    flag = torch.tensor([float(step)])
+                    dist.broadcast(flag, src=0)
+                with rankstream.span("optimizer"):
+                    optimizer.step()
+                rankstream.counter("loss", {"value": float(loss.detach())})
+                prof.step()
+        report["completed"] = True
+    except Exception as exc:  # a peer hung or died: the collective timed out; record it and leave
+        report["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+        rankstream.instant("training_failed", error=report["error"])
+    rankstream.shutdown(timeout_s=15)
+    report["events_emitted"] = session.producer.stats().events_emitted
+    _write_report(spec, report)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _write_report(spec: JobSpec, report: dict) -> None:
+    if spec.report_dir:
+        Path(spec.report_dir, f"rank{report['rank']}.json").write_text(json.dumps(report))
