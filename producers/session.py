@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from rankstream.config import Config, LaunchEnvironment
+from rankstream.config import Config, LaunchEnvironment, flight_recorder_buffer_size
 from rankstream.producers.clock_sync import sample_clock
 from rankstream.producers.flight_recorder import FlightRecorderTap
 from rankstream.producers.producer import Producer
@@ -79,7 +79,8 @@ class RankSession:
         self._profiler_streams: list[ProfilerStream] = []
         self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,
                                          local_world_size=launch.local_world_size, **_versions())
-        self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s) if fr_tap else None
+        self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s,
+                                     ring_size=flight_recorder_buffer_size() or 2000) if fr_tap else None
         if self.tap:
             self.tap.start()
         self._groups_sent = False

@@ -58,19 +58,19 @@ def _synthetic_rank(run_id: str, rank: int, world_size: int, steps: int, config:
 
 def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fault_rank: int,
             synthetic: bool, report_dir: str) -> list[int]:
-    """Start one process per rank and wait for all of them; returns their exit codes."""
-    context = multiprocessing.get_context("spawn")
+    """Run one process per rank and wait for all of them; returns their exit codes."""
     if synthetic:
+        context = multiprocessing.get_context("spawn")
         workers = [context.Process(target=_synthetic_rank, args=(run_id, r, ranks, steps, config))
                    for r in range(ranks)]
+        for worker in workers:
+            worker.start()
     else:
-        from rankstream.demo_job import JobSpec, train_rank
+        from rankstream.demo_job import JobSpec, start_job
 
         spec = JobSpec(run_id=run_id, world_size=ranks, steps=steps, fault=fault, fault_rank=fault_rank,
                        master_port=_free_port(), report_dir=report_dir)
-        workers = [context.Process(target=train_rank, args=(r, spec, config_env(config))) for r in range(ranks)]
-    for worker in workers:
-        worker.start()
+        workers = start_job(spec, config_env(config))
     for worker in workers:
         worker.join(timeout=600)
     return [worker.exitcode for worker in workers]

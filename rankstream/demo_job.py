@@ -41,6 +41,8 @@ class JobSpec:
     straggler_sleep_s: float = 0.15
     #: Where each rank writes a small JSON report (events emitted, the crash moment...).
     report_dir: str = ""
+    #: Also write torch's own final FR dump to ``report_dir/rank<r>.fr`` (to check the tap against).
+    dump_flight_recorder: bool = False
 
 
 def _tp_pairs(world_size: int):
@@ -112,6 +114,11 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
                 rankstream.counter("loss", {"value": float(loss.detach())})
                 prof.step()
         report["completed"] = True
+        if spec.dump_flight_recorder and spec.report_dir:
+            from torch._C._distributed_c10d import _dump_fr_trace
+
+            dump = _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            Path(spec.report_dir, f"rank{rank}.fr").write_bytes(dump)
     except Exception as exc:  # a peer hung or died: the collective timed out; record it and leave
         report["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
         rankstream.instant("training_failed", error=report["error"])
@@ -122,6 +129,22 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+def start_job(spec: JobSpec, environment: dict[str, str]) -> list:
+    """Start one process per rank (spawned, so each is a fresh interpreter); returns them."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=train_rank, args=(rank, spec, environment), name=f"rank{rank}")
+                 for rank in range(spec.world_size)]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def read_reports(spec: JobSpec) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(spec.report_dir).glob("rank*.json")}
 
 
 def _write_report(spec: JobSpec, report: dict) -> None:

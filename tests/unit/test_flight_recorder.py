@@ -1,0 +1,159 @@
+"""FR dump translation, the plain-data unpickler and the live tap (with stand-in dumps)."""
+
+import json
+import os
+import pickle
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+import threading
+
+from rankstream.producers.flight_recorder import FlightRecorderDumps, FlightRecorderTap
+from rankstream.schemas.fr_dump import entry_from_dump, groups_from_pg_config, status_from_pg_status
+from rankstream.schemas.safe_pickle import UnsafePickle, safe_loads
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dump_entry(record_id, state="scheduled", started=None, frames=True, group=("0", "default_pg")):
+    return {"record_id": record_id, "pg_id": 0, "process_group": group, "thread_name": "python",
+            "thread_id": 1234, "collective_seq_id": record_id + 1, "p2p_seq_id": 0, "op_id": record_id + 1,
+            "profiling_name": "gloo:all_reduce", "time_created_ns": 10 + record_id, "input_sizes": [[4]],
+            "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"], "state": state,
+            "time_discovered_started_ns": started, "time_discovered_completed_ns": 0, "retired": False,
+            "timeout_ms": 600000, "is_p2p": False,
+            **({"frames": [{"name": "train", "filename": "t.py", "line": 7}]} if frames else {})}
+
+
+def test_dump_entries_translate_the_same_from_pickle_and_json():
+    from_pickle = entry_from_dump(dump_entry(0))
+    from_json = entry_from_dump(json.loads(json.dumps(dump_entry(0))))
+    assert from_pickle == from_json
+    assert (from_pickle["pg_name"], from_pickle["pg_desc"], from_pickle["thread_id"]) == ("0", "default_pg", "1234")
+    assert from_pickle["time_discovered_completed_ns"] is None  # JSON dumps write 0 for "unknown"
+
+
+def test_gloo_placeholder_group_is_skipped_and_ranks_parsed():
+    config = {"": {"name": "", "desc": "", "ranks": "[]"}, "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}}
+    assert groups_from_pg_config(config, "gloo") == [{"pg_name": "1", "pg_desc": "tp", "ranks": [0, 1],
+                                                      "backend": "gloo"}]
+    assert status_from_pg_status({"0": {"last_enqueued_collective": "5", "last_started_collective": "-1",
+                                        "last_completed_collective": "4"}}) == {
+        "0": {"last_enqueued": 5, "last_started": -1, "last_completed": 4}}
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/rankstream-pwned",))
+
+
+def test_malicious_pickle_runs_nothing_and_is_refused(tmp_path):
+    marker = Path("/tmp/rankstream-pwned")
+    marker.unlink(missing_ok=True)
+    payload = pickle.dumps({"entries": [RunsCode()]})
+    with pytest.raises(UnsafePickle, match="posix.system|os.system"):
+        safe_loads(payload)
+    assert not marker.exists()
+    assert safe_loads(pickle.dumps({"entries": [dump_entry(0)], "v": (1, 2.5, None, b"x")}))["v"] == (1, 2.5, None,
+                                                                                                         b"x")
+    with pytest.raises(UnsafePickle, match="not a readable pickle"):
+        safe_loads(pickle.dumps({"a": 1})[:-3])
+
+
+def test_no_plain_pickle_load_anywhere_in_the_code_base():
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        if any(part in (".venv", "build", "tests") for part in path.parts):
+            continue
+        if re.search(r"pickle\.loads?\(|cPickle|_pickle\.load", path.read_text()):
+            offenders.append(str(path))
+    assert offenders == []
+
+
+class Recorder:
+    def __init__(self):
+        self.fr, self.groups, self.status, self.events = [], [], None, []
+
+    def emit_fr_entries(self, entries, snapshot_ns=None):
+        self.fr.append(list(entries))
+
+    def emit_process_groups(self, groups):
+        self.groups.append(groups)
+
+    def set_collectives(self, status):
+        self.status = status
+
+    def emit(self, name, *args):
+        self.events.append((name, args[-1]))
+
+
+class FakeRing:
+    """Stand-in for torch's dumps: a list of entries and each group's progress."""
+
+    def __init__(self):
+        self.entries = [dump_entry(0), dump_entry(1)]
+        self.enqueued, self.completed = 1, 1
+        self.full_dumps = 0
+
+    def status(self):
+        return pickle.dumps({"pg_status": {"0": {"last_enqueued_collective": self.enqueued,
+                                                 "last_completed_collective": self.completed}}})
+
+    def full(self):
+        self.full_dumps += 1
+        return pickle.dumps({"entries": self.entries, "pg_status": {},
+                             "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}})
+
+    def dumps(self, frames=None):
+        return FlightRecorderDumps(status=self.status, entries=self.full, entries_with_frames=frames or self.full)
+
+
+def test_tap_publishes_only_new_or_changed_entries_and_skips_idle_dumps():
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dumps=ring.dumps())
+    assert tap.snapshot() == 2
+    assert tap.snapshot() == 0 and ring.full_dumps == 1  # no progress: no full dump at all
+    ring.entries = [dump_entry(0), dump_entry(1, state="started", started=99), dump_entry(2)]
+    ring.enqueued = ring.completed = 2
+    assert tap.snapshot() == 2
+    assert [e["record_id"] for e in recorder.fr[-1]] == [1, 2]
+    assert len(recorder.groups) == 1
+    assert recorder.status == {"0": {"last_enqueued": 2, "last_completed": 2}}
+
+
+def test_a_stuck_collective_triggers_a_dump_and_reports_the_live_stack():
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, full_every_s=3600, dumps=ring.dumps(),
+                            main_thread_id=threading.get_ident())
+    tap.snapshot()
+    ring.enqueued = 2  # enqueued, never completed
+    ring.entries = ring.entries + [dump_entry(2)]
+    tap.snapshot()
+    assert ring.full_dumps == 1  # not yet due: one tick of no completion is normal
+    tap.snapshot()
+    assert ring.full_dumps == 2 and [e["record_id"] for e in recorder.fr[-1]] == [2]
+    stalls = [args for name, args in recorder.events if name == "stalled_in_collective"]
+    assert len(stalls) == 1 and stalls[0]["groups"]["0"]["last_enqueued"] == 2
+    assert any(f["name"] == "test_a_stuck_collective_triggers_a_dump_and_reports_the_live_stack"
+               for f in stalls[0]["frames"])
+    tap.snapshot()
+    assert len([n for n, _ in recorder.events if n == "stalled_in_collective"]) == 1  # once per collective
+
+
+def test_the_final_snapshot_adds_frames_but_never_blocks_on_them():
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, dumps=ring.dumps(frames=lambda: time.sleep(30)))
+    tap.snapshot()
+    started = time.monotonic()
+    tap.snapshot(final=True)
+    assert time.monotonic() - started < 3
+    ring2, recorder2 = FakeRing(), Recorder()
+    tap2 = FlightRecorderTap(recorder2, dumps=FlightRecorderDumps(
+        status=ring2.status, entries=lambda: pickle.dumps({"entries": [dump_entry(0, frames=False)]}),
+        entries_with_frames=ring2.full))
+    tap2.snapshot()
+    tap2.snapshot(final=True)
+    assert recorder2.fr[0][0]["frames"] is None and recorder2.fr[-1][0]["frames"][0]["name"] == "train"

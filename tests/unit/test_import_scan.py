@@ -1,0 +1,92 @@
+"""The importers' first pass: every accepted format, rank detection, and one-line errors."""
+
+import gzip
+import json
+import pickle
+
+import pytest
+
+from rankstream.errors import BadInput
+from rankstream.producers.import_fr import read_fr_directory
+from rankstream.producers.import_trace import scan_trace
+
+EVENTS = [
+    {"ph": "X", "name": "ProfilerStep#4", "pid": 7, "tid": 7, "ts": 100.0, "dur": 50.0},
+    {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 7, "tid": 7, "ts": 110.5, "dur": 3.25},
+    {"ph": "i", "name": "mark", "pid": "Spans", "tid": "x", "ts": 120.0},
+]
+
+
+def write(path, data, compress=False):
+    text = data if isinstance(data, str) else json.dumps(data)
+    if compress:
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_kineto_object_with_base_time_and_distributed_info(tmp_path):
+    trace = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 3, "world_size": 4},
+             "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": EVENTS}
+    info = scan_trace(write(tmp_path / "worker.json", trace))
+    assert (info.events, info.rank, info.world_size, info.base_ns) == (3, 3, 4, 1_700_000_000_000_000_000)
+    assert info.steps[7] == ([100_000], [150_000], [4])
+
+
+def test_plain_array_gzip_and_rank_from_file_name(tmp_path):
+    info = scan_trace(write(tmp_path / "ep0-ba1-rank2.json.gz", EVENTS, compress=True))
+    assert (info.events, info.rank, info.base_ns) == (3, 2, 0)
+
+
+def test_unterminated_arrays_from_a_dead_writer_are_read(tmp_path):
+    text = json.dumps(EVENTS)[:-1]  # no closing bracket
+    assert scan_trace(write(tmp_path / "rank0.json", text)).events == 3
+    assert scan_trace(write(tmp_path / "rank1.json", text + ",\n")).events == 3
+
+
+def test_merged_trace_takes_ranks_from_pids(tmp_path):
+    merged = [dict(e, pid=r) for r in (0, 1) for e in EVENTS[:2]]
+    info = scan_trace(write(tmp_path / "merged_trace.json", merged))
+    assert info.ranks_from_pid and info.pids == {0, 1}
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("", "empty file"),
+    ("\x00\x01binary", "not a Chrome trace"),
+    ('{"traceEvents": [{"ph": "X", "ts": 1}', "not readable as a Chrome trace"),
+    ('[{"ph": "Q", "ts": 1}]', "no valid 'ph'"),
+    ('[{"ph": "X", "ts": 1, "dur": -5}]', "negative"),
+    ('{"traceEvents": []}', "contains no trace events"),
+    ('[1, 2]', "is not a JSON object"),
+])
+def test_bad_trace_files_get_one_line_naming_the_file(tmp_path, content, problem):
+    path = write(tmp_path / "rank0.json", content)
+    with pytest.raises(BadInput) as error:
+        scan_trace(path)
+    message = str(error.value)
+    assert message.startswith(str(path)) and problem in message and "\n" not in message
+
+
+def test_directories_and_broken_links_are_refused(tmp_path):
+    (tmp_path / "rank0.json").mkdir()
+    with pytest.raises(BadInput, match="is a directory"):
+        scan_trace(tmp_path / "rank0.json")
+    (tmp_path / "rank1.json").symlink_to(tmp_path / "missing")
+    with pytest.raises(BadInput, match="broken symbolic link"):
+        scan_trace(tmp_path / "rank1.json")
+
+
+def test_fr_directory_reads_pickle_and_json_and_names_bad_files(tmp_path):
+    entry = {"record_id": 0, "profiling_name": "nccl:all_reduce", "process_group": ["0", "default_pg"],
+             "collective_seq_id": 1}
+    (tmp_path / "rank_0").write_bytes(pickle.dumps({"version": "2.10", "entries": [entry]}))
+    (tmp_path / "rank_1").write_text(json.dumps({"version": "2.10", "entries": [entry]}))
+    dumps = read_fr_directory(tmp_path, "rank_")
+    assert [(d.rank, d.backend, len(d.entries)) for d in dumps] == [(0, "nccl", 1), (1, "nccl", 1)]
+    (tmp_path / "rank_2").write_bytes(b"\x80\x04garbage")
+    with pytest.raises(BadInput, match="rank_2: not a readable pickle"):
+        read_fr_directory(tmp_path, "rank_")
+    (tmp_path / "rank_2").write_text(json.dumps({"entries": [{"record_id": "x"}]}))
+    with pytest.raises(BadInput, match="rank_2: entry 0: an FR entry needs"):
+        read_fr_directory(tmp_path, "rank_")
