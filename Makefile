@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# Extra options: make demo DEMO_ARGS="--fault hang --fault-rank 2"
+DEMO_ARGS ?=
 demo: setup
-	$(VENV)/bin/rankstream demo
+	$(VENV)/bin/rankstream demo $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest -q tests
@@ -33,6 +35,7 @@ test-integration: setup
 
 bench: setup
 	$(PY) bench/ingest.py
+	$(PY) bench/overhead.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .rankstream rankstream.duckdb*

@@ -20,6 +20,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from rankstream.deploy.broker import process_alive
+
 from rankstream.consumers.query_protocol import (
     READ_STATEMENT_TYPES,
     read_request,
@@ -142,10 +144,4 @@ def server_socket(db_path: Path) -> str | None:
         pid, path = int(info["pid"]), str(info["socket"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return path if os.path.exists(path) else None
+    return path if process_alive(pid) and os.path.exists(path) else None

@@ -7,27 +7,17 @@ DuckDB. A source also reports end offsets so ``status`` can show lag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 from rankstream.config import Config
 from rankstream.deploy.memory_bus import MemoryBus
 from rankstream.deploy.kafka import describe
 from rankstream.errors import BrokerUnavailable
+from rankstream.schemas.topics import Record
 
 __all__ = ["Record", "Source", "KafkaSource", "MemorySource"]
 
 Position = tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
 
 
 class Source(Protocol):
@@ -144,7 +134,7 @@ class MemorySource:
             if room <= 0:
                 break
             got = self._bus.read(topic, partition, offset, room)
-            records += [Record(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms) for r in got]
+            records += got
             self._next[(topic, partition)] = offset + len(got)
         return records
 

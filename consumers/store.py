@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from rankstream.consumers.projector import MESSAGE_COLUMN, project
-from rankstream.consumers.source import Record
+from rankstream.schemas.topics import Record
 from rankstream.errors import DatabaseBusy, RankstreamError
 from rankstream.schemas.codec import DecodeFailure, decode
 from rankstream.schemas.envelope import Envelope

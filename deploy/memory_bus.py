@@ -10,41 +10,32 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from dataclasses import dataclass
 
-__all__ = ["MemoryBus", "BusRecord"]
+from rankstream.schemas.topics import Record
 
-
-@dataclass(frozen=True, slots=True)
-class BusRecord:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
+__all__ = ["MemoryBus"]
 
 
 class MemoryBus:
     def __init__(self, partitions: int = 4) -> None:
         self.partitions = partitions
-        self._logs: dict[str, list[list[BusRecord]]] = {}
+        self._logs: dict[str, list[list[Record]]] = {}
         self._lock = threading.Lock()
         #: While False, every send fails as if the broker were unreachable.
         self.available = True
 
-    def _topic(self, topic: str) -> list[list[BusRecord]]:
+    def _topic(self, topic: str) -> list[list[Record]]:
         if topic not in self._logs:
             self._logs[topic] = [[] for _ in range(self.partitions)]
         return self._logs[topic]
 
-    def append(self, topic: str, key: bytes | None, value: bytes | None) -> BusRecord:
+    def append(self, topic: str, key: bytes | None, value: bytes | None) -> Record:
         if not self.available:
             raise ConnectionError("memory bus is unavailable")
         with self._lock:
             logs = self._topic(topic)
             partition = zlib.crc32(key or b"") % self.partitions
-            record = BusRecord(topic, partition, len(logs[partition]), key, value, int(time.time() * 1000))
+            record = Record(topic, partition, len(logs[partition]), key, value, int(time.time() * 1000))
             logs[partition].append(record)
             return record
 
@@ -56,6 +47,6 @@ class MemoryBus:
         with self._lock:
             return len(self._topic(topic)[partition])
 
-    def read(self, topic: str, partition: int, offset: int, limit: int) -> list[BusRecord]:
+    def read(self, topic: str, partition: int, offset: int, limit: int) -> list[Record]:
         with self._lock:
             return self._topic(topic)[partition][offset:offset + limit]

@@ -7,9 +7,23 @@ default partitioner hashes it, so one rank's messages stay ordered in one partit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rankstream.schemas.envelope import Stream
 
-__all__ = ["topic_for", "all_topics", "message_key", "parse_message_key"]
+__all__ = ["Record", "topic_for", "all_topics", "message_key", "parse_message_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message as read from a partition: its coordinates and its raw bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
 
 
 def topic_for(prefix: str, stream: Stream) -> str:

@@ -1,5 +1,6 @@
 """Both install modes import every package: the editable one under test, and a built wheel."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,8 +40,12 @@ def test_editable_install_imports_every_package_from_the_source_folders():
 
 
 def test_built_wheel_imports_every_package(tmp_path):
+    # Build from a clean copy: an in-tree build/ folder could carry modules deleted since.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", ".git", "__pycache__",
+                                                                 ".pytest_cache", ".rankstream", "*.duckdb*"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(ROOT)], check=True)
+                    str(tmp_path / "dist"), str(source)], check=True)
     wheel = next((tmp_path / "dist").glob("rankstream-*.whl"))
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

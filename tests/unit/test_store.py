@@ -4,7 +4,8 @@ import duckdb
 import msgpack
 import pytest
 
-from rankstream.consumers.source import MemorySource, Record
+from rankstream.consumers.source import MemorySource
+from rankstream.schemas.topics import Record
 from rankstream.consumers.store import Store
 from rankstream.producers import Producer
 from rankstream.schemas import all_topics
