@@ -220,11 +220,14 @@ def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild:
     from rankstream.errors import DatabaseBusy
 
     connection = None
+    complained = False
     while connection is None and not stop.is_set():
         try:
             connection = open_writable(config.db_path)
         except DatabaseBusy as exc:
-            log(f"rankstream materializer: {exc} (retrying every {_RETRY_S:.0f} s)")
+            if not complained:  # one line, not one per retry
+                log(f"rankstream materializer: {exc} (retrying every {_RETRY_S:.0f} s)")
+                complained = True
             stop.wait(_RETRY_S)
     if connection is None:
         return MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())

@@ -65,6 +65,7 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
 class RankSession:
     def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config, launch: LaunchEnvironment,
                  metadata: dict | None = None, fr_tap: bool = True, fr_interval_s: float = 1.0,
+                 fr_full_every_s: float = 1.0,
                  clock_sync: bool = True, clock_sync_interval_s: float = 60.0, clock_sync_timeout_s: float = 10.0,
                  producer: Producer | None = None) -> None:
         self.run_id, self.rank, self.world_size = run_id, rank, world_size
@@ -79,7 +80,7 @@ class RankSession:
         self._profiler_streams: list[ProfilerStream] = []
         self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,
                                          local_world_size=launch.local_world_size, **_versions())
-        self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s,
+        self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s, full_every_s=fr_full_every_s,
                                      ring_size=flight_recorder_buffer_size() or 2000) if fr_tap else None
         if self.tap:
             self.tap.start()

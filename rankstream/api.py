@@ -39,13 +39,17 @@ _get_tid = threading.get_native_id
 
 def init(run_id: str | None = None, rank: int | None = None, world_size: int | None = None,
          enabled: bool = True, *, config: Config | None = None, metadata: Mapping[str, Any] | None = None,
-         fr_tap: bool = True, fr_interval_s: float = 1.0, fr_buffer_size: int = 2000,
+         fr_tap: bool = True, fr_interval_s: float = 1.0, fr_full_every_s: float = 1.0, fr_buffer_size: int = 2000,
          clock_sync: bool = True, clock_sync_interval_s: float = 60.0):
     """Start streaming this rank. Safe to call more than once: later calls return the same session.
 
     Called before ``init_process_group``, it also sets ``TORCH_FR_BUFFER_SIZE`` (unless already
     set) so that torch records collectives in its Flight Recorder. Called after, the recorder is
     on only if that variable was set before the group was created (see the README).
+
+    The FR tap looks at the groups' progress every ``fr_interval_s`` and dumps the ring (only if
+    anything progressed) at most every ``fr_full_every_s``; clock sync runs every
+    ``clock_sync_interval_s``.
     """
     global _session
     with _lock:
@@ -63,6 +67,7 @@ def init(run_id: str | None = None, rank: int | None = None, world_size: int | N
             run_id=run_id, rank=rank, world_size=world_size, config=config or load_config(), launch=launch,
             metadata=dict(metadata) if metadata else None,
             fr_tap=fr_tap and flight_recorder_buffer_size() > 0, fr_interval_s=fr_interval_s,
+            fr_full_every_s=fr_full_every_s,
             clock_sync=clock_sync, clock_sync_interval_s=clock_sync_interval_s,
         )
         return _session

@@ -81,3 +81,35 @@ def test_bad_configuration_is_one_line_and_exit_2(make_config):
     result = cli(config, "--broker-port", "99999", "status", check=False)
     assert result.returncode == 2
     assert result.stderr.startswith("rankstream: error: broker_port=99999")
+
+
+HOLD = """
+import duckdb, sys, time
+con = duckdb.connect(sys.argv[1])
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_locked_database_gets_one_clear_retrying_line_then_proceeds(kafka_config):
+    config = kafka_config()
+    producer = Producer(run_id="locked", rank=0, world_size=1, config=config)
+    producer.emit("op", ts_ns=1)
+    producer.close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.db_path), "4"], stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    result = cli(config, "consume", "--once", timeout=60)
+    holder.wait()
+    complaints = [line for line in result.stderr.splitlines() if "held by another process" in line]
+    assert len(complaints) == 1 and f"pid {holder.pid}" in complaints[0] and "retrying" in complaints[0]
+    assert "Traceback" not in result.stderr and "1 events" in result.stderr
+
+
+def test_bad_import_file_is_one_line_and_exit_2(make_config, tmp_path):
+    bad = tmp_path / "rank0.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1')
+    result = cli(make_config(), "import", "trace", str(bad), check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"rankstream: error: {bad}: not readable as a Chrome trace: "
+                                                  + result.stderr.split("Chrome trace: ", 1)[1].strip()]
