@@ -22,12 +22,14 @@ from rich.table import Table
 from rankstream.config import Config, load_config
 from rankstream.errors import RankstreamError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Stream PyTorch traces and Flight Recorder entries from every rank into DuckDB.")
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded local broker (Tansu on 127.0.0.1).")
 app.add_typer(broker_app, name="broker")
 import_app = typer.Typer(no_args_is_help=True, help="Backfill files through the bus into the same tables as live data.")
 app.add_typer(import_app, name="import")
+analyze_app = typer.Typer(no_args_is_help=True, help="Analyses over stored data.")
+app.add_typer(analyze_app, name="analyze")
 
 #: Piped output (logs, CI, `| grep`) gets wide lines instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -161,6 +163,65 @@ def import_trace_command(
     from rankstream.producers.import_trace import import_traces
 
     _report_import(import_traces(config(), files, run_id=run, rank=rank))
+
+
+# -- collective diagnosis -----------------------------------------------------------------------
+def _ranks(text: Optional[str]) -> Optional[set[int]]:
+    if not text:
+        return None
+    try:
+        return {int(part) for part in text.replace(",", " ").split()}
+    except ValueError:
+        raise typer.BadParameter(f"--selected-ranks takes rank numbers, got {text!r}") from None
+
+
+def _finish_report(report, as_json: bool, stack_traces: bool = False, con=None) -> None:
+    from rankstream.flows.diagnose import render_report
+
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_json(), default=str) + "\n")
+    else:
+        render_report(report, console, stack_traces=stack_traces, con=con)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def diagnose(
+    directory: Path = typer.Argument(..., help="Folder of per-rank Flight Recorder dumps (pickle or JSON)."),
+    prefix: str = typer.Option("rank", "--prefix", "-p", help="File name prefix before the rank, as fr_trace's."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object."),
+    selected_ranks: Optional[str] = typer.Option(None, "--selected-ranks", help="Only these ranks, e.g. '0,3'."),
+    pg_filters: Optional[str] = typer.Option(None, "--pg-filters", help="Only these groups (names or descs)."),
+    allow_incomplete: bool = typer.Option(False, "--allow-incomplete-ranks", help="Missing dumps are not an error."),
+    mismatch_cap: Optional[int] = typer.Option(None, "--mismatch-cap", help="Report at most N mismatches."),
+    just_print: bool = typer.Option(False, "-j", "--just-print-entries", help="Print every rank's entries."),
+    stack_traces: bool = typer.Option(False, "--print-stack-trace", help="Show the culprits' stack frames."),
+) -> None:
+    """Find desyncs, hangs and stragglers in FR dumps (drop-in for torch's fr_trace). Exit 0 healthy,
+    1 findings, 2 bad input."""
+    from rankstream.flows.diagnose import diagnose_directory
+
+    filters = {g.strip() for g in pg_filters.split(",")} if pg_filters else None
+    report, con = diagnose_directory(directory, prefix=prefix, selected_ranks=_ranks(selected_ranks),
+                                     pg_filters=filters, allow_incomplete=allow_incomplete, mismatch_cap=mismatch_cap)
+    if just_print:
+        _print_table(con.execute("SELECT rank, pg_name, pg_desc, seq, op, input_sizes, output_sizes, input_dtypes, "
+                                 "state FROM collective_calls ORDER BY rank, pg_name, seq").to_arrow_table(),
+                     "json" if as_json else "table")
+        return
+    _finish_report(report, as_json, stack_traces, con)
+
+
+@analyze_app.command("collectives")
+def analyze_collectives(
+    run: str = typer.Option(..., "--run", help="The run to analyze."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object."),
+    mismatch_cap: Optional[int] = typer.Option(None, "--mismatch-cap", help="Report at most N mismatches."),
+) -> None:
+    """Collective matching on stored data (live or imported), with the same report as diagnose."""
+    from rankstream.flows.diagnose import analyze_stored
+
+    _finish_report(analyze_stored(config().db_path, run, mismatch_cap), as_json)
 
 
 # -- queries --------------------------------------------------------------------------------------

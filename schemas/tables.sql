@@ -112,6 +112,22 @@ CREATE TABLE IF NOT EXISTS rejects (
     raw           BLOB
 );
 
+-- Derived by the collective analysis (rankstream analyze collectives / diagnose), one run at a
+-- time; memberships, collective_calls and collectives are rebuilt with it (see flows/collectives.py).
+CREATE TABLE IF NOT EXISTS findings (
+    run_id          VARCHAR NOT NULL,
+    position        INTEGER NOT NULL,   -- reporting order: first mismatch first
+    kind            VARCHAR NOT NULL,   -- type_mismatch, extra_collective, skipped_collective, size_mismatch, ...
+    pg_name         VARCHAR,
+    pg_desc         VARCHAR,
+    seq             BIGINT,             -- collective_seq_id
+    culprit_ranks   INTEGER[],
+    ranks_involved  INTEGER[],
+    expected        VARCHAR,            -- JSON
+    actual          VARCHAR,            -- JSON
+    detail          VARCHAR
+);
+
 -- Bookkeeping, written in the same transaction as the rows above.
 -- One row per accepted message: resends of a batch (same key) are skipped.
 CREATE TABLE IF NOT EXISTS ingested_batches (

@@ -1,0 +1,442 @@
+"""Cross-rank collective matching: which collectives every member issued, and what went wrong.
+
+Plain functions over a DuckDB connection (a Prefect flow wraps them). The matching is set-based
+SQL: every rank's Flight Recorder entries for a group, keyed by ``collective_seq_id``, are joined
+against the same sequence number on the other members, so the cost grows with the number of
+entries, not with their square. The tables it (re)builds for a run:
+
+* ``memberships``: (run_id, pg_name, rank) from the groups the ranks reported, or, where a backend
+  does not list them (gloo), from the ranks that logged entries for the group;
+* ``collective_calls``: one row per rank's collective entry, with its op and sizes;
+* ``collectives``: one row per (group, sequence number) with the consensus op and who was there;
+* ``findings``: what is wrong, each naming the group, the sequence number, the culprit ranks and
+  the evidence (see ``FINDING_KINDS``).
+
+Rules that differ from PyTorch's fr_trace, on purpose:
+
+* the culprit is the rank that deviates from the group's consensus (the most common op at that
+  sequence number), whatever order the dumps were listed in;
+* a rank whose next entries line up with the group's sequence shifted by one has an extra or a
+  skipped collective, reported as such, once, not as a cascade of type mismatches;
+* sequence numbers older than a rank's oldest entry are outside its ring buffer: not compared, not
+  a desync (a ``truncated_buffer`` note says so);
+* a straggler (consistently late to create its collectives) is reported but is not a desync.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+__all__ = ["Finding", "FINDING_KINDS", "build_collective_tables", "findings_for_run", "verdict"]
+
+FINDING_KINDS = ("type_mismatch", "extra_collective", "skipped_collective", "size_mismatch", "dtype_mismatch",
+                 "state_mismatch", "missing_rank", "hang", "straggler", "truncated_buffer", "dead_rank",
+                 "p2p_mismatch")
+#: Kinds that make a run a desync (as opposed to a hang, a straggler or a note).
+DESYNC_KINDS = {"type_mismatch", "extra_collective", "skipped_collective", "size_mismatch", "dtype_mismatch",
+                "state_mismatch", "missing_rank", "p2p_mismatch"}
+_ORDER = {kind: i for i, kind in enumerate(FINDING_KINDS)}
+#: A straggler is at least this late on average, and late in this share of its collectives.
+STRAGGLER_MIN_NS = 2_000_000
+STRAGGLER_SHARE = 0.8
+
+
+@dataclass
+class Finding:
+    kind: str
+    group: str
+    group_desc: str | None
+    seq: int | None
+    culprit_ranks: list[int]
+    ranks_involved: list[int]
+    expected: Any = None
+    actual: Any = None
+    detail: str = ""
+    evidence: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "group": self.group, "group_desc": self.group_desc, "seq": self.seq,
+                "culprit_ranks": self.culprit_ranks, "ranks_involved": self.ranks_involved,
+                "expected": self.expected, "actual": self.actual, "detail": self.detail}
+
+
+CALLS_SQL = """
+CREATE OR REPLACE TABLE collective_calls AS
+SELECT run_id, rank, pg_name, any_value(pg_desc) AS pg_desc, collective_seq_id AS seq,
+       any_value(record_id) AS record_id,
+       any_value(regexp_replace(split_part(profiling_name, ':', 2), ' .*', '')) AS op,
+       any_value(input_sizes)::VARCHAR AS input_sizes, any_value(output_sizes)::VARCHAR AS output_sizes,
+       any_value(input_dtypes)::VARCHAR AS input_dtypes, any_value(state) AS state,
+       any_value(time_created_ns) AS created_ns, any_value(time_discovered_completed_ns) AS completed_ns,
+       any_value(frames) AS frames
+FROM fr_entries_latest
+WHERE coalesce(is_p2p, false) = false AND collective_seq_id IS NOT NULL AND collective_seq_id > 0
+  AND profiling_name NOT LIKE '%:send%' AND profiling_name NOT LIKE '%:recv%' AND profiling_name NOT LIKE '%coalesced%'
+  AND ($run IS NULL OR run_id = $run)
+GROUP BY run_id, rank, pg_name, collective_seq_id
+"""
+
+MEMBERSHIPS_SQL = """
+CREATE OR REPLACE TABLE memberships AS
+WITH listed AS (
+    SELECT DISTINCT run_id, pg_name, unnest(ranks) AS rank FROM process_groups
+    WHERE ranks IS NOT NULL AND len(ranks) > 0 AND ($run IS NULL OR run_id = $run)
+), run_ranks AS (
+    SELECT DISTINCT run_id, rank FROM collective_calls
+), defaults AS (  -- the default group holds every rank of the run, even when nobody listed it
+    SELECT DISTINCT c.run_id, c.pg_name, r.rank FROM collective_calls c JOIN run_ranks r USING (run_id)
+    WHERE c.pg_desc = 'default_pg'
+), inferred AS (
+    SELECT DISTINCT run_id, pg_name, rank FROM collective_calls
+)
+SELECT * FROM listed
+UNION SELECT * FROM defaults WHERE (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM listed)
+UNION SELECT * FROM inferred WHERE (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM listed)
+                               AND (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM defaults)
+"""
+
+COLLECTIVES_SQL = """
+CREATE OR REPLACE TABLE collectives AS
+WITH windows AS (   -- what each rank's ring buffer still holds, per group
+    SELECT run_id, pg_name, rank, min(seq) AS first_seq, max(seq) AS last_seq
+    FROM collective_calls GROUP BY ALL
+), votes AS (
+    SELECT run_id, pg_name, seq, op, count(*) AS n FROM collective_calls GROUP BY ALL
+), consensus AS (
+    SELECT run_id, pg_name, seq, arg_max(op, n) AS op, max(n) AS votes, sum(n) AS present,
+           count(*) AS distinct_ops
+    FROM votes GROUP BY ALL
+), group_sizes AS (
+    SELECT run_id, pg_name, count(*) AS members FROM memberships GROUP BY ALL
+)
+SELECT c.run_id, c.pg_name, c.seq, c.op, c.votes, c.present, c.distinct_ops, g.members,
+       (SELECT count(*) FROM windows w WHERE w.run_id = c.run_id AND w.pg_name = c.pg_name
+          AND c.seq BETWEEN w.first_seq AND w.last_seq) AS observable
+FROM consensus c JOIN group_sizes g USING (run_id, pg_name)
+"""
+
+
+def build_collective_tables(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> None:
+    """(Re)build memberships, collective_calls and collectives for one run (or all runs)."""
+    params = {"run": run_id}
+    con.execute(CALLS_SQL, params)
+    con.execute(MEMBERSHIPS_SQL, params)
+    con.execute(COLLECTIVES_SQL)
+
+
+def _rows(con, sql: str, params: list | dict | None = None) -> list[dict]:
+    return con.sql(sql, params=params or None).to_arrow_table().to_pylist()
+
+
+def _group_descs(con, run_id: str) -> dict[str, str | None]:
+    return {r["pg_name"]: r["pg_desc"] for r in _rows(
+        con, "SELECT pg_name, any_value(pg_desc) AS pg_desc FROM collective_calls WHERE run_id = ? GROUP BY ALL",
+        [run_id])}
+
+
+#: How many following collectives decide whether a rank is shifted by one (extra or skipped).
+_ALIGNMENT_WINDOW = 8
+
+
+def _type_findings(con, run_id: str, descs) -> tuple[list[Finding], dict[tuple[str, int], int]]:
+    """First op deviation per (group, rank), classified as extra, skipped or a type mismatch.
+
+    A rank that skipped one collective lines up with the group shifted by +1 afterwards; one with an
+    extra collective, shifted by -1. Both readings are scored over the next few collectives, since
+    a training loop repeats its ops and a single comparison can fit either.
+    """
+    deviations = _rows(con, f"""
+        WITH dev AS (
+            SELECT k.pg_name, k.rank, k.seq, k.op AS actual, c.op AS expected,
+                   row_number() OVER (PARTITION BY k.pg_name, k.rank ORDER BY k.seq) AS nth
+            FROM collective_calls k JOIN collectives c USING (run_id, pg_name, seq)
+            WHERE k.run_id = $run AND k.op <> c.op AND c.votes * 2 > c.present
+        ), firsts AS (SELECT * FROM dev WHERE nth = 1), offsets AS (SELECT range AS k FROM range({_ALIGNMENT_WINDOW}))
+        SELECT f.pg_name, f.rank, f.seq, f.actual, f.expected,
+               count(*) FILTER (WHERE own.op = grp_next.op) AS skipped_score,
+               count(*) FILTER (WHERE own_next.op = grp.op) AS extra_score
+        FROM firsts f CROSS JOIN offsets o
+        LEFT JOIN collective_calls own ON own.run_id = $run AND own.pg_name = f.pg_name AND own.rank = f.rank
+             AND own.seq = f.seq + o.k
+        LEFT JOIN collective_calls own_next ON own_next.run_id = $run AND own_next.pg_name = f.pg_name
+             AND own_next.rank = f.rank AND own_next.seq = f.seq + o.k + 1
+        LEFT JOIN collectives grp ON grp.run_id = $run AND grp.pg_name = f.pg_name AND grp.seq = f.seq + o.k
+        LEFT JOIN collectives grp_next ON grp_next.run_id = $run AND grp_next.pg_name = f.pg_name
+             AND grp_next.seq = f.seq + o.k + 1
+        GROUP BY ALL ORDER BY f.seq, f.rank
+    """, {"run": run_id})
+    findings, derailed = [], {}
+    for d in deviations:
+        derailed[(d["pg_name"], d["rank"])] = d["seq"]
+        skipped, extra = d["skipped_score"], d["extra_score"]
+        if skipped > extra and skipped >= 2:
+            kind, detail = "skipped_collective", (f"rank {d['rank']} skipped the group's {d['expected']} and went "
+                                                  f"on to {d['actual']}; its later collectives are shifted by one")
+        elif extra > skipped and extra >= 2:
+            kind, detail = "extra_collective", (f"rank {d['rank']} issued an extra {d['actual']} the group did not; "
+                                                f"its later collectives are shifted by one")
+        else:
+            kind, detail = "type_mismatch", (f"rank {d['rank']} issued {d['actual']} where the group issued "
+                                             f"{d['expected']}")
+        findings.append(Finding(kind, d["pg_name"], descs.get(d["pg_name"]), d["seq"], [d["rank"]], [d["rank"]],
+                                d["expected"], d["actual"], detail,
+                                {"skipped_score": skipped, "extra_score": extra}))
+    _add_involved(con, run_id, findings)
+    return findings, derailed
+
+
+def _derailed_table(con, derailed: dict[tuple[str, int], int]) -> None:
+    """``_derailed(pg_name, rank, seq)``: where each derailed rank left the group's sequence."""
+    import pyarrow as pa
+
+    con.register("_derailed", pa.table({
+        "pg_name": pa.array([g for g, _ in derailed], pa.string()),
+        "rank": pa.array([r for _, r in derailed], pa.int32()),
+        "seq": pa.array(list(derailed.values()), pa.int64()),
+    }))
+
+
+def _add_involved(con, run_id: str, findings: list[Finding]) -> None:
+    for finding in findings:
+        finding.ranks_involved = [r for (r,) in con.execute(
+            "SELECT rank FROM memberships WHERE run_id = ? AND pg_name = ? ORDER BY rank",
+            [run_id, finding.group]).fetchall()] or finding.culprit_ranks
+
+
+def _expands(shape_out: list[int], shape_in: list[int], factor: int) -> bool:
+    """``shape_out`` is ``shape_in`` gathered from ``factor`` ranks: one dimension ``factor`` times
+    larger (a flat all-gather), or a new leading dimension of ``factor`` (a list of outputs)."""
+    if len(shape_out) == len(shape_in) + 1:
+        return shape_out[0] == factor and shape_out[1:] == shape_in
+    if len(shape_out) != len(shape_in):
+        return False
+    ratios = [a / b if b else (1 if a == b else math.inf) for a, b in zip(shape_out, shape_in)]
+    off = [r for r in ratios if r != 1]
+    return not off or (len(off) == 1 and off[0] == factor)
+
+
+def _sizes_ok(op: str, inputs: str, outputs: str, members: int) -> bool:
+    """Per-call syntax: an all-gather's output is its input times the group size in one dimension."""
+    try:
+        first_in, first_out = json.loads(inputs or "[]"), json.loads(outputs or "[]")
+    except ValueError:
+        return True
+    if not first_in or not first_out:
+        return True
+    if op in ("all_gather", "_allgather_base", "all_gather_into_tensor", "allgather"):
+        return _expands(first_out[0], first_in[0], members) or len(first_out) == members
+    if op in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reducescatter"):
+        return _expands(first_in[0], first_out[0], members) or len(first_in) == members
+    return True
+
+
+def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
+    findings = []
+    # 1. ranks whose sizes or dtypes differ from the most common ones at the same collective
+    for column, kind in (("input_sizes || '->' || output_sizes", "size_mismatch"), ("input_dtypes", "dtype_mismatch")):
+        rows = _rows(con, f"""
+            WITH calls AS (
+                SELECT k.*, {column} AS value FROM collective_calls k JOIN collectives c USING (run_id, pg_name, seq)
+                WHERE k.run_id = ? AND k.op = c.op AND k.op NOT IN ('alltoall', 'alltoall_base', 'all_to_all',
+                      'scatter', 'gather', 'barrier')
+            ), votes AS (
+                SELECT pg_name, seq, value, count(*) AS n FROM calls GROUP BY ALL
+            ), consensus AS (
+                SELECT pg_name, seq, arg_max(value, n) AS value, max(n) AS n, sum(n) AS present
+                FROM votes GROUP BY ALL HAVING count(*) > 1
+            )
+            SELECT k.pg_name, k.seq, k.rank, k.value AS actual, c.value AS expected, c.n * 2 > c.present AS clear
+            FROM calls k JOIN consensus c USING (pg_name, seq) WHERE k.value <> c.value
+            ORDER BY k.seq, k.rank
+        """, [run_id])
+        by_collective: dict[tuple, list[dict]] = {}
+        for row in rows:
+            if (row["pg_name"], row["rank"]) not in derailed:
+                by_collective.setdefault((row["pg_name"], row["seq"]), []).append(row)
+        for (group, seq), deviants in by_collective.items():
+            culprits = sorted(r["rank"] for r in deviants) if deviants[0]["clear"] else []
+            findings.append(Finding(kind, group, descs.get(group), seq, culprits, [],
+                                    deviants[0]["expected"], {r["rank"]: r["actual"] for r in deviants},
+                                    f"{len(deviants)} rank(s) disagree with the group on "
+                                    f"{'tensor sizes' if kind == 'size_mismatch' else 'dtypes'}"))
+    # 2. per-call syntax rules, checked once per distinct (op, sizes, group size)
+    combos = _rows(con, """
+        SELECT DISTINCT k.op, k.input_sizes, k.output_sizes, c.members FROM collective_calls k
+        JOIN collectives c USING (run_id, pg_name, seq) WHERE k.run_id = ? AND k.op IN
+            ('all_gather', '_allgather_base', 'all_gather_into_tensor', 'allgather', 'reduce_scatter',
+             '_reduce_scatter_base', 'reduce_scatter_tensor', 'reducescatter')
+    """, [run_id])
+    bad = [c for c in combos if not _sizes_ok(c["op"], c["input_sizes"], c["output_sizes"], c["members"])]
+    for combo in bad:
+        rows = _rows(con, """
+            SELECT k.pg_name, k.seq, list(k.rank ORDER BY k.rank) AS ranks FROM collective_calls k
+            JOIN collectives c USING (run_id, pg_name, seq)
+            WHERE k.run_id = ? AND k.op = ? AND k.input_sizes IS NOT DISTINCT FROM ? AND
+                  k.output_sizes IS NOT DISTINCT FROM ? AND c.members = ? GROUP BY ALL ORDER BY k.seq LIMIT 1
+        """, [run_id, combo["op"], combo["input_sizes"], combo["output_sizes"], combo["members"]])
+        for row in rows:
+            findings.append(Finding("size_mismatch", row["pg_name"], descs.get(row["pg_name"]), row["seq"],
+                                    row["ranks"], [], f"{combo['op']} output = input x {combo['members']} ranks",
+                                    f"{combo['input_sizes']} -> {combo['output_sizes']}",
+                                    f"{combo['op']} sizes break the expansion rule for a group of {combo['members']}"))
+    # 3. all-to-all: the total elements sent must equal the total received
+    totals = _rows(con, """
+        SELECT pg_name, seq, list(rank ORDER BY rank) AS ranks,
+               sum(list_sum(list_transform(from_json(input_sizes, '["BIGINT[]"]'), lambda s: list_product(s))))
+                   AS sent,
+               sum(list_sum(list_transform(from_json(output_sizes, '["BIGINT[]"]'), lambda s: list_product(s))))
+                   AS received
+        FROM collective_calls WHERE run_id = ? AND op IN ('alltoall', 'alltoall_base', 'all_to_all')
+          AND len(from_json(input_sizes, '["BIGINT[]"]')) > 0
+        GROUP BY ALL HAVING sent <> received ORDER BY seq
+    """, [run_id])
+    for row in totals:
+        findings.append(Finding("size_mismatch", row["pg_name"], descs.get(row["pg_name"]), row["seq"], [],
+                                row["ranks"], row["sent"], row["received"],
+                                "all-to-all: elements sent by all ranks differ from elements received"))
+    _add_involved(con, run_id, findings)
+    return findings
+
+
+def _tail_findings(con, run_id: str, descs, derailed) -> list[Finding]:
+    """Members that never reached a collective their peers are in: a hang (at the group's last
+    collective) or a missing rank (earlier: the rank is behind but the group went on)."""
+    _derailed_table(con, derailed)
+    rows = _rows(con, """
+        WITH reached AS (   -- ranks that left the group's sequence are reported already; not here
+            SELECT m.pg_name, m.rank, max(k.seq) AS last_seq, min(k.seq) AS first_seq
+            FROM memberships m LEFT JOIN collective_calls k
+              ON k.run_id = m.run_id AND k.pg_name = m.pg_name AND k.rank = m.rank
+            WHERE m.run_id = ? AND (m.pg_name, m.rank) NOT IN (SELECT pg_name, rank FROM _derailed)
+            GROUP BY ALL
+        ), heads AS (
+            SELECT pg_name, max(last_seq) AS head FROM reached GROUP BY ALL
+        )
+        SELECT r.pg_name, r.rank, r.last_seq, h.head,
+               (SELECT op FROM collectives c WHERE c.run_id = ? AND c.pg_name = r.pg_name AND c.seq = h.head) AS head_op,
+               (SELECT op FROM collective_calls k WHERE k.run_id = ? AND k.pg_name = r.pg_name AND k.rank = r.rank
+                  AND k.seq = r.last_seq) AS last_op,
+               (SELECT list(k.rank ORDER BY k.rank) FROM collective_calls k WHERE k.run_id = ?
+                  AND k.pg_name = r.pg_name AND k.seq = h.head) AS waiting
+        FROM reached r JOIN heads h USING (pg_name)
+        WHERE r.last_seq IS NULL OR r.last_seq < h.head
+        ORDER BY r.pg_name, r.last_seq NULLS FIRST, r.rank
+    """, [run_id, run_id, run_id, run_id])
+    con.unregister("_derailed")
+    by_group: dict[str, list[dict]] = {}
+    for row in rows:
+        by_group.setdefault(row["pg_name"], []).append(row)
+    findings = []
+    for group, behind in by_group.items():
+        head = behind[0]["head"]
+        first_missing = min((r["last_seq"] or 0) + 1 for r in behind)
+        culprits = sorted(r["rank"] for r in behind)
+        last = {r["rank"]: {"last_seq": r["last_seq"], "last_op": r["last_op"]} for r in behind}
+        kind = "hang" if first_missing == head else "missing_rank"
+        detail = (f"ranks {behind[0]['waiting']} are in {behind[0]['head_op']} #{head}; ranks {culprits} never reached "
+                  f"it (their last: {last})")
+        findings.append(Finding(kind, group, descs.get(group), first_missing if kind == "missing_rank" else head,
+                                culprits, sorted(set(behind[0]["waiting"] or []) | set(culprits)),
+                                behind[0]["head_op"], last, detail))
+    return findings
+
+
+def _truncation_findings(con, run_id: str, descs) -> list[Finding]:
+    rows = _rows(con, """
+        SELECT pg_name, list(rank ORDER BY rank) AS ranks, min(first_seq) AS earliest, max(first_seq) AS latest
+        FROM (SELECT pg_name, rank, min(seq) AS first_seq FROM collective_calls WHERE run_id = ? GROUP BY ALL)
+        WHERE first_seq > 1 GROUP BY ALL ORDER BY pg_name
+    """, [run_id])
+    return [Finding("truncated_buffer", r["pg_name"], descs.get(r["pg_name"]), r["latest"], [], r["ranks"],
+                    None, None, f"ring buffers of ranks {r['ranks']} no longer hold the group's first collectives "
+                                f"(oldest kept: #{r['earliest']}..#{r['latest']}); older ones are not compared")
+            for r in rows]
+
+
+def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
+    """Ranks consistently late to create their collectives (only where the group is still aligned)."""
+    _derailed_table(con, derailed)
+    rows = _rows(con, f"""
+        WITH complete AS (
+            SELECT run_id, pg_name, seq FROM collectives c WHERE run_id = ? AND present = members AND members > 1
+              AND seq < coalesce((SELECT min(d.seq) FROM _derailed d WHERE d.pg_name = c.pg_name), seq + 1)
+        ), lateness AS (
+            SELECT k.pg_name, k.rank, k.created_ns - median(k.created_ns) OVER (PARTITION BY k.pg_name, k.seq) AS late
+            FROM collective_calls k JOIN complete USING (run_id, pg_name, seq) WHERE k.created_ns IS NOT NULL
+        )
+        SELECT pg_name, rank, avg(late)::BIGINT AS mean_late_ns, avg((late > 0)::INT) AS late_share, count(*) AS n
+        FROM lateness GROUP BY ALL
+        HAVING n >= 10 AND avg(late) > {STRAGGLER_MIN_NS} AND avg((late > 0)::INT) >= {STRAGGLER_SHARE}
+        ORDER BY mean_late_ns DESC
+    """, [run_id])
+    con.unregister("_derailed")
+    findings = [Finding("straggler", r["pg_name"], descs.get(r["pg_name"]), None, [r["rank"]], [], None,
+                        {"mean_late_ms": round(r["mean_late_ns"] / 1e6, 2), "late_share": round(r["late_share"], 2)},
+                        f"rank {r['rank']} creates its collectives {r['mean_late_ns'] / 1e6:.1f} ms after the group's "
+                        f"median on average, late in {r['late_share']:.0%} of {r['n']}")
+                for r in rows]
+    _add_involved(con, run_id, findings)
+    return findings
+
+
+def findings_for_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None) -> list[Finding]:
+    """Findings of one run (tables built by ``build_collective_tables``), first mismatch first."""
+    descs = _group_descs(con, run_id)
+    type_findings, derailed = _type_findings(con, run_id, descs)
+    findings = (type_findings + _size_findings(con, run_id, descs, derailed)
+                + _tail_findings(con, run_id, descs, derailed) + _truncation_findings(con, run_id, descs)
+                + _straggler_findings(con, run_id, descs, derailed))
+    findings.sort(key=lambda f: (f.kind not in DESYNC_KINDS and f.kind != "hang", f.seq is None,
+                                 f.seq if f.seq is not None else 0, _ORDER[f.kind], f.group))
+    if mismatch_cap is not None:
+        capped, count = [], 0
+        for finding in findings:
+            if finding.kind in DESYNC_KINDS:
+                count += 1
+                if count > mismatch_cap:
+                    continue
+            capped.append(finding)
+        findings = capped
+    return findings
+
+
+def verdict(findings: list[Finding], incomplete: bool = False) -> str:
+    kinds = {f.kind for f in findings}
+    if kinds & DESYNC_KINDS:
+        return "desync"
+    if "hang" in kinds or "dead_rank" in kinds:
+        return "hang"
+    if incomplete:
+        return "incomplete"
+    if "straggler" in kinds:
+        return "straggler"
+    return "healthy"
+
+
+def store_findings(con: duckdb.DuckDBPyConnection, run_id: str, findings: list[Finding]) -> None:
+    """Replace a run's rows in the ``findings`` table."""
+    con.execute("DELETE FROM findings WHERE run_id = ?", [run_id])
+    if not findings:
+        return
+    import pyarrow as pa
+
+    table = pa.table({
+        "run_id": [run_id] * len(findings), "position": list(range(len(findings))),
+        "kind": [f.kind for f in findings], "pg_name": [f.group for f in findings],
+        "pg_desc": [f.group_desc for f in findings], "seq": pa.array([f.seq for f in findings], pa.int64()),
+        "culprit_ranks": pa.array([f.culprit_ranks for f in findings], pa.list_(pa.int32())),
+        "ranks_involved": pa.array([f.ranks_involved for f in findings], pa.list_(pa.int32())),
+        "expected": [json.dumps(f.expected, default=str) for f in findings],
+        "actual": [json.dumps(f.actual, default=str) for f in findings],
+        "detail": [f.detail for f in findings],
+    })
+    con.register("_findings", table)
+    try:
+        con.execute("INSERT INTO findings SELECT * FROM _findings")
+    finally:
+        con.unregister("_findings")

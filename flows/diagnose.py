@@ -1,0 +1,154 @@
+"""``rankstream diagnose DIR``: the one-shot drop-in for PyTorch's fr_trace, and the shared report.
+
+A dump directory is read completely (bad files are refused with one line), loaded into a
+temporary DuckDB with the same projector the materializer uses (so the tables are exactly those
+of live data), matched with ``flows.collectives``, and reported: a rich table for people, or with
+``--json`` exactly one JSON object on stdout. ``rankstream analyze collectives --run RUN`` gives the
+same report for data already in the database.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from rankstream.consumers.projector import MESSAGE_COLUMN, project
+from rankstream.flows.collectives import Finding, build_collective_tables, findings_for_run, store_findings, verdict
+from rankstream.producers.import_fr import FrDump, read_fr_directory
+from rankstream.schemas.envelope import Envelope, PayloadKind, Stream
+from rankstream.schemas.records import FrBatch, PgConfig
+from rankstream.schemas.tables import ddl
+
+__all__ = ["Report", "analyze_run", "analyze_stored", "diagnose_directory", "load_dumps", "render_report"]
+
+
+@dataclass
+class Report:
+    run_id: str
+    verdict: str
+    findings: list[Finding]
+    ranks: list[int]
+    missing_ranks: list[int]
+
+    def as_json(self) -> dict:
+        return {"verdict": self.verdict, "findings": [f.as_json() for f in self.findings]}
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == "healthy" else 1
+
+
+def load_dumps(con: duckdb.DuckDBPyConnection, dumps: list[FrDump], run_id: str) -> None:
+    """Project dumps into ``fr_entries`` and ``process_groups`` as the materializer would."""
+    world = max(d.rank for d in dumps) + 1
+    envelopes = []
+    for dump in dumps:
+        envelopes.append(Envelope(run_id, dump.rank, world, Stream.FR, dump.session_id, 0, PayloadKind.FR_BATCH, 1,
+                                  0, FrBatch(snapshot_ns=0, entries=dump.entries)))
+        if dump.groups:
+            envelopes.append(Envelope(run_id, dump.rank, world, Stream.FR, dump.session_id, 1,
+                                      PayloadKind.PG_CONFIG, 1, 0, PgConfig(groups=dump.groups)))
+    for table, arrow in project(envelopes).items():
+        con.register("_dump_rows", arrow.drop_columns([MESSAGE_COLUMN]))
+        try:
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _dump_rows")
+        finally:
+            con.unregister("_dump_rows")
+
+
+def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None,
+                allow_incomplete: bool = False) -> Report:
+    build_collective_tables(con, run_id)
+    findings = findings_for_run(con, run_id, mismatch_cap)
+    store_findings(con, run_id, findings)
+    ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM collective_calls WHERE run_id = ? ORDER BY rank",
+                                       [run_id]).fetchall()]
+    expected = {r for (r,) in con.execute("SELECT DISTINCT rank FROM memberships WHERE run_id = ?",
+                                          [run_id]).fetchall()}
+    missing = sorted(expected - set(ranks))
+    return Report(run_id, verdict(findings, incomplete=bool(missing) and not allow_incomplete), findings, ranks,
+                  missing)
+
+
+def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks: set[int] | None = None,
+                       pg_filters: set[str] | None = None, allow_incomplete: bool = False,
+                       mismatch_cap: int | None = None) -> tuple[Report, duckdb.DuckDBPyConnection]:
+    dumps = read_fr_directory(directory, prefix, selected_ranks)
+    workdir = tempfile.mkdtemp(prefix="rankstream-diagnose-")
+    con = duckdb.connect(str(Path(workdir) / "diagnose.duckdb"))
+    con.execute(ddl())
+    run_id = f"fr-{directory.resolve().name}"
+    load_dumps(con, dumps, run_id)
+    if pg_filters:
+        con.execute("DELETE FROM fr_entries WHERE pg_name NOT IN (SELECT unnest($f)) "
+                    "AND pg_desc NOT IN (SELECT unnest($f))", {"f": sorted(pg_filters)})
+    return analyze_run(con, run_id, mismatch_cap, allow_incomplete), con
+
+
+def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) -> Report:
+    """Analyze a run already in the database.
+
+    When no other process holds the file, the analysis runs in it and its tables (memberships,
+    collective_calls, collectives, findings) stay there for SQL. While a materializer holds it, the
+    run's FR rows are copied through the query server into a private in-memory database and only
+    the report comes back.
+    """
+    from rankstream.consumers.query import connect
+    from rankstream.consumers.query_server import server_socket
+    from rankstream.errors import BadInput
+
+    database = connect(db_path)
+    if not database.fetchall("SELECT count(*) FROM fr_entries WHERE run_id = ?", [run_id])[0][0]:
+        raise BadInput(f"{db_path}: run {run_id!r} has no Flight Recorder entries")
+    if server_socket(db_path) is None:
+        try:
+            con = duckdb.connect(str(db_path))
+        except duckdb.IOException:
+            con = None
+        if con is not None:
+            try:
+                return analyze_run(con, run_id, mismatch_cap)
+            finally:
+                con.close()
+    con = duckdb.connect()
+    con.execute(ddl())
+    for table in ("fr_entries", "process_groups"):
+        con.register("_rows", database.arrow(f"SELECT * FROM {table} WHERE run_id = ?", [run_id]))
+        con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
+        con.unregister("_rows")
+    return analyze_run(con, run_id, mismatch_cap)
+
+
+def render_report(report: Report, console, *, stack_traces: bool = False, con=None) -> None:
+    from rich.table import Table
+
+    style = {"healthy": "green", "straggler": "yellow"}.get(report.verdict, "red")
+    console.print(f"[bold {style}]{report.verdict.upper()}[/]: {len(report.findings)} finding(s) over ranks "
+                  f"{report.ranks}" + (f"; no data from ranks {report.missing_ranks}" if report.missing_ranks else ""))
+    if not report.findings:
+        return
+    table = Table("#", "kind", "group", "seq", "culprit ranks", "expected", "actual", "detail", show_lines=True)
+    for index, finding in enumerate(report.findings, 1):
+        table.add_row(str(index), finding.kind, f"{finding.group} ({finding.group_desc})",
+                      "" if finding.seq is None else str(finding.seq), str(finding.culprit_ranks),
+                      _short(finding.expected), _short(finding.actual), finding.detail)
+    console.print(table)
+    if stack_traces and con is not None:
+        for finding in report.findings:
+            for rank in finding.culprit_ranks:
+                row = con.execute("SELECT frames FROM collective_calls WHERE run_id = ? AND pg_name = ? AND rank = ? "
+                                  "AND seq <= coalesce(?, seq) ORDER BY seq DESC LIMIT 1",
+                                  [report.run_id, finding.group, rank, finding.seq]).fetchone()
+                if row and row[0]:
+                    console.print(f"rank {rank}, {finding.kind} in group {finding.group}:")
+                    for frame in row[0][:15]:
+                        console.print(f"    {frame['filename']}:{frame['line']} {frame['name']}", markup=False)
+
+
+def _short(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

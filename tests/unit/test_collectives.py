@@ -1,0 +1,128 @@
+"""Collective matching on generated NCCL-style dumps: every finding kind, any dump order."""
+
+import json
+import pickle
+import random
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from rankstream.flows.diagnose import analyze_run, diagnose_directory, load_dumps
+from rankstream.producers.import_fr import read_fr_directory
+from rankstream.schemas.tables import ddl
+
+PATTERN = ["all_reduce", "all_gather", "all_reduce", "broadcast"]
+
+
+def entry(record_id, seq, op, size=1024, created=0, dtype="Float", group=("0", "default_pg"), members=4):
+    output = [[size * members]] if op == "all_gather" else [[size]]
+    return {"record_id": record_id, "pg_id": int(group[0]), "process_group": list(group), "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"nccl:{op}", "time_created_ns": created,
+            "input_sizes": [[size]], "input_dtypes": [dtype], "output_sizes": output, "output_dtypes": [dtype],
+            "state": "completed", "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+            "retired": True, "timeout_ms": 600000, "is_p2p": False}
+
+
+def write_job(directory, fault="none", ranks=4, steps=40, fault_rank=2, at=20):
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        entries, seq = [], 1
+        for i in range(steps):
+            op, size, dtype = PATTERN[i % 4], 1024, "Float"
+            if rank == fault_rank and i == at:
+                if fault == "skip":
+                    continue
+                if fault == "wrong_op":
+                    op = "reduce_scatter"
+                if fault == "size":
+                    size = 2048
+                if fault == "dtype":
+                    dtype = "Half"
+            late = 8_000_000 if fault == "straggler" and rank == fault_rank else rank * 1000
+            entries.append(entry(len(entries), seq, op, size, 1_000_000_000 + i * 10_000_000 + late, dtype))
+            seq += 1
+            if fault == "extra" and rank == fault_rank and i == at:
+                entries.append(entry(len(entries), seq, "barrier", 0, 1_000_000_000 + i * 10_000_000))
+                seq += 1
+        if fault == "hang" and rank == fault_rank:
+            entries = entries[:-1]
+        if fault == "wrapped":
+            entries = entries[rank * 3:]  # ring buffers that wrapped unevenly
+        dump = {"version": "2.10", "entries": entries,
+                "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(ranks)))}}}
+        (directory / f"rank_{rank}").write_bytes(pickle.dumps(dump))
+    return directory
+
+
+@pytest.mark.parametrize("fault,kind,seq", [
+    ("skip", "skipped_collective", 21),
+    ("wrong_op", "type_mismatch", 21),
+    ("extra", "extra_collective", 22),
+    ("size", "size_mismatch", 21),
+    ("dtype", "dtype_mismatch", 21),
+    ("hang", "hang", 40),
+])
+@pytest.mark.parametrize("fault_rank", [0, 2])
+def test_each_fault_names_its_kind_sequence_and_culprit(tmp_path, fault, kind, seq, fault_rank):
+    report, _ = diagnose_directory(write_job(tmp_path / fault, fault, fault_rank=fault_rank), prefix="rank_")
+    first = report.findings[0]
+    assert (first.kind, first.group, first.group_desc, first.seq, first.culprit_ranks) == (
+        kind, "0", "default_pg", seq, [fault_rank])
+    assert report.verdict == ("hang" if fault == "hang" else "desync")
+    assert [f.kind for f in report.findings if f.kind != "truncated_buffer"] == [kind]  # no cascade
+
+
+def test_order_of_dumps_does_not_change_the_findings(tmp_path):
+    dumps = read_fr_directory(write_job(tmp_path / "job", "wrong_op", fault_rank=0), "rank_")
+    results = []
+    for attempt in range(4):
+        random.Random(attempt).shuffle(dumps)
+        con = duckdb.connect()
+        con.execute(ddl())
+        load_dumps(con, dumps, "run")
+        results.append([f.as_json() for f in analyze_run(con, "run").findings])
+    assert all(r == results[0] for r in results)
+    assert results[0][0]["culprit_ranks"] == [0]
+
+
+def test_healthy_and_unevenly_wrapped_buffers_are_not_a_desync(tmp_path):
+    assert diagnose_directory(write_job(tmp_path / "ok"), prefix="rank_")[0].verdict == "healthy"
+    report, _ = diagnose_directory(write_job(tmp_path / "wrapped", "wrapped"), prefix="rank_")
+    assert report.verdict == "healthy"
+    assert [f.kind for f in report.findings] == ["truncated_buffer"]
+
+
+def test_a_straggler_is_reported_but_is_not_a_desync(tmp_path):
+    report, _ = diagnose_directory(write_job(tmp_path / "slow", "straggler", fault_rank=3), prefix="rank_")
+    assert report.verdict == "straggler"
+    assert [(f.kind, f.culprit_ranks) for f in report.findings] == [("straggler", [3])]
+    assert report.findings[0].actual["mean_late_ms"] == pytest.approx(8.0, abs=0.1)
+
+
+def test_mismatch_cap_and_missing_dumps(tmp_path):
+    job = write_job(tmp_path / "job", "wrong_op")
+    (job / "rank_3").unlink()
+    report, _ = diagnose_directory(job, prefix="rank_", mismatch_cap=0)
+    assert report.missing_ranks == [3] and report.verdict == "incomplete"
+    allowed, _ = diagnose_directory(job, prefix="rank_", allow_incomplete=True)
+    assert allowed.verdict == "desync"
+
+
+def test_cli_prints_one_json_object_and_exits_by_verdict(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "rankstream", "diagnose", *args], capture_output=True, text=True)
+
+    healthy = run(str(write_job(tmp_path / "ok")), "--prefix", "rank_", "--json")
+    assert healthy.returncode == 0 and json.loads(healthy.stdout) == {"verdict": "healthy", "findings": []}
+    bad = run(str(write_job(tmp_path / "bad", "skip", fault_rank=1)), "--prefix", "rank_", "--json")
+    body = json.loads(bad.stdout)
+    assert bad.returncode == 1 and body["verdict"] == "desync"
+    assert set(body["findings"][0]) == {"kind", "group", "group_desc", "seq", "culprit_ranks", "ranks_involved",
+                                        "expected", "actual", "detail"}
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "rank_0").write_bytes(b"\x80\x04not a pickle")
+    broken = run(str(tmp_path / "broken"), "--prefix", "rank_", "--json")
+    assert broken.returncode == 2 and broken.stdout == ""
+    assert broken.stderr.strip().startswith("rankstream: error:") and "rank_0" in broken.stderr
