@@ -10,7 +10,6 @@ same report for data already in the database.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +75,30 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int |
 
 def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks: set[int] | None = None,
                        pg_filters: set[str] | None = None, allow_incomplete: bool = False,
-                       mismatch_cap: int | None = None) -> tuple[Report, duckdb.DuckDBPyConnection]:
-    dumps = read_fr_directory(directory, prefix, selected_ranks)
-    workdir = tempfile.mkdtemp(prefix="rankstream-diagnose-")
-    con = duckdb.connect(str(Path(workdir) / "diagnose.duckdb"))
-    con.execute(ddl())
+                       mismatch_cap: int | None = None, with_frames: bool = False
+                       ) -> tuple[Report, duckdb.DuckDBPyConnection]:
+    """Load a dump directory into a temporary DuckDB and analyze it (see the module docstring)."""
+    import pyarrow as pa
+
+    from rankstream.flows.dump_loader import load_dump_directory
+
     run_id = f"fr-{directory.resolve().name}"
-    load_dumps(con, dumps, run_id)
+    entries, groups, _ = load_dump_directory(directory, prefix, run_id, selected_ranks=selected_ranks,
+                                             with_frames=with_frames)
+    con = duckdb.connect()  # a temporary, in-memory database
+    con.execute(ddl())
+    con.register("_entries", entries)
+    con.execute("INSERT INTO fr_entries SELECT * FROM _entries")
+    con.unregister("_entries")
+    if groups:
+        con.register("_groups", pa.table({
+            "run_id": [run_id] * len(groups), "rank": pa.array([g["rank"] for g in groups], pa.int32()),
+            "reported_ns": pa.array([0] * len(groups), pa.int64()), "pg_name": [g["pg_name"] for g in groups],
+            "pg_desc": [g["pg_desc"] for g in groups], "ranks": pa.array([g["ranks"] for g in groups],
+                                                                         pa.list_(pa.int32())),
+            "backend": [g["backend"] for g in groups]}))
+        con.execute("INSERT INTO process_groups SELECT * FROM _groups")
+        con.unregister("_groups")
     if pg_filters:
         con.execute("DELETE FROM fr_entries WHERE pg_name NOT IN (SELECT unnest($f)) "
                     "AND pg_desc NOT IN (SELECT unnest($f))", {"f": sorted(pg_filters)})

@@ -26,7 +26,7 @@ from rankstream.schemas.fields import PayloadError
 from rankstream.schemas.fr_dump import entry_from_dump, groups_from_pg_config, status_from_pg_status
 from rankstream.schemas.safe_pickle import UnsafePickle, safe_loads
 
-__all__ = ["FrDump", "read_fr_dump", "read_fr_directory", "import_fr"]
+__all__ = ["FrDump", "read_fr_dump", "read_fr_directory", "list_fr_files", "parse_dump_bytes", "import_fr"]
 
 _CHUNK = 1000
 
@@ -47,7 +47,7 @@ def read_fr_dump(path: Path, rank: int) -> FrDump:
     check_input_file(path)
     raw = path.read_bytes()
     try:
-        dump = _parse(raw)
+        dump = parse_dump_bytes(raw)
     except (UnsafePickle, ValueError) as exc:
         raise BadInput(f"{path}: {exc}") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
@@ -65,7 +65,7 @@ def read_fr_dump(path: Path, rank: int) -> FrDump:
                   session_id=content_session_id(path.name, raw))
 
 
-def _parse(raw: bytes) -> Any:
+def parse_dump_bytes(raw: bytes) -> Any:
     head = raw.lstrip()[:1]
     if head in (b"{", b"["):
         import json
@@ -77,11 +77,12 @@ def _parse(raw: bytes) -> Any:
     return safe_loads(raw)
 
 
-def read_fr_directory(directory: Path, prefix: str = "rank", selected_ranks: set[int] | None = None) -> list[FrDump]:
+def list_fr_files(directory: Path, prefix: str = "rank", selected_ranks: set[int] | None = None) -> list[tuple[int, Path]]:
+    """``(rank, path)`` of every dump in ``directory``, the way fr_trace names them (``<prefix><rank>``)."""
     if not directory.is_dir():
         raise BadInput(f"{directory}: not a directory")
     pattern = re.compile(re.escape(prefix) + r"(\d+)$")
-    dumps = []
+    found = []
     for path in sorted(directory.iterdir()):
         if not path.name.startswith(prefix):
             continue
@@ -90,10 +91,14 @@ def read_fr_directory(directory: Path, prefix: str = "rank", selected_ranks: set
             raise BadInput(f"{path}: cannot tell the rank from the file name (expected {prefix}<rank>)")
         rank = int(match.group(1))
         if selected_ranks is None or rank in selected_ranks:
-            dumps.append(read_fr_dump(path, rank))
-    if not dumps:
+            found.append((rank, path))
+    if not found:
         raise BadInput(f"{directory}: no dump files starting with {prefix!r}")
-    return dumps
+    return found
+
+
+def read_fr_directory(directory: Path, prefix: str = "rank", selected_ranks: set[int] | None = None) -> list[FrDump]:
+    return [read_fr_dump(path, rank) for rank, path in list_fr_files(directory, prefix, selected_ranks)]
 
 
 def import_fr(config: Config, directory: Path, *, prefix: str = "rank", run_id: str | None = None,

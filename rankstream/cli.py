@@ -203,7 +203,8 @@ def diagnose(
 
     filters = {g.strip() for g in pg_filters.split(",")} if pg_filters else None
     report, con = diagnose_directory(directory, prefix=prefix, selected_ranks=_ranks(selected_ranks),
-                                     pg_filters=filters, allow_incomplete=allow_incomplete, mismatch_cap=mismatch_cap)
+                                     pg_filters=filters, allow_incomplete=allow_incomplete, mismatch_cap=mismatch_cap,
+                                     with_frames=stack_traces)
     if just_print:
         _print_table(con.execute("SELECT rank, pg_name, pg_desc, seq, op, input_sizes, output_sizes, input_dtypes, "
                                  "state FROM collective_calls ORDER BY rank, pg_name, seq").to_arrow_table(),

@@ -1,0 +1,142 @@
+"""rankstream diagnose against PyTorch's Flight Recorder analyzer, on the same dump files.
+
+For each size (ranks x entries per rank) it writes NCCL-style dumps with
+``rankstream.fr_dump_generator`` (default group, tensor-parallel groups of 8 with sequence-parallel
+all-gather/reduce-scatter, data-parallel all-reduce; rank 5 issues a wrong op two thirds in), then
+runs, as separate processes, ``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix
+rank_`` and ``rankstream diagnose DIR --prefix rank_ --json``, and prints each one's verdict,
+culprit ranks, wall time and peak RSS (the whole process tree, sampled every 50 ms), plus
+rankstream's analysis time on data already in DuckDB.
+
+Usage: python bench/fr_vs_official.py [--sizes 64x2000,512x2000,2048x2000,8192x2000] [--official-max-ranks 512]
+The official analyzer is skipped above ``--official-max-ranks`` (measured here: 190 s and 7.7 GB at
+2048 x 2000; it cannot fit 8192 x 2000 in this machine's memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+def run_measured(command: list[str], timeout_s: float) -> tuple[str, float, float, int]:
+    """(stdout+stderr, wall seconds, peak RSS in MB of the process tree, exit code)."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(process.pid)
+        while not done.wait(0.05):
+            try:
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                peak[0] = max(peak[0], rss / 2**20)
+            except psutil.Error:
+                pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        output += "\n(timed out)"
+    done.set()
+    sampler.join()
+    return output, time.monotonic() - started, peak[0], process.returncode
+
+
+def official_culprits(output: str) -> tuple[str, list[int]]:
+    culprits = sorted({int(m) for m in re.findall(r"Culprit rank (\d+)", output)})
+    if "Traceback" in output:
+        return "crashed", culprits
+    if re.search(r"has errors|mismatch", output, re.IGNORECASE):
+        return "desync", culprits
+    return "healthy", culprits
+
+
+def materialized_analysis_s(directory: Path) -> float:
+    """Seconds for the matching and findings alone, on data already loaded into DuckDB."""
+    import duckdb
+
+    from rankstream.flows.collectives import build_collective_tables, findings_for_run
+    from rankstream.flows.dump_loader import load_dump_directory
+    from rankstream.schemas.tables import ddl
+
+    entries, _, _ = load_dump_directory(directory, "rank_", "bench")
+    con = duckdb.connect()
+    con.execute(ddl())
+    con.register("_entries", entries)
+    con.execute("INSERT INTO fr_entries SELECT * FROM _entries")
+    del entries
+    started = time.monotonic()
+    build_collective_tables(con, "bench")
+    findings_for_run(con, "bench")
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="64x2000,512x2000,2048x2000,8192x2000")
+    parser.add_argument("--official-max-ranks", type=int, default=512)
+    parser.add_argument("--fault", default="wrong_op")
+    parser.add_argument("--fault-rank", type=int, default=5)
+    args = parser.parse_args()
+
+    from rankstream.fr_dump_generator import write_dumps
+
+    rows = []
+    for size in args.sizes.split(","):
+        ranks, entries = (int(part) for part in size.lower().split("x"))
+        directory = Path(tempfile.mkdtemp(prefix=f"fr-{ranks}x{entries}-"))
+        started = time.monotonic()
+        write_dumps(directory, ranks, entries, fault=args.fault, fault_rank=args.fault_rank)
+        print(f"{ranks} x {entries}: dumps written in {time.monotonic() - started:.1f} s", flush=True)
+        output, wall, rss, code = run_measured([sys.executable, "-m", "rankstream", "diagnose", str(directory),
+                                                "--prefix", "rank_", "--json"], timeout_s=1800)
+        try:
+            report = json.loads(output.strip().splitlines()[-1])
+            ours = (report["verdict"], sorted({r for f in report["findings"] for r in f["culprit_ranks"]}))
+        except (ValueError, IndexError, KeyError):
+            ours = (f"error (exit {code})", [])
+        row = {"size": f"{ranks} x {entries}", "rankstream": ours, "rankstream_s": wall, "rankstream_mb": rss,
+               "analysis_only_s": materialized_analysis_s(directory)}
+        if ranks <= args.official_max_ranks:
+            output, wall, rss, code = run_measured([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                                                    str(directory), "--prefix", "rank_"], timeout_s=3600)
+            row.update(official=official_culprits(output), official_s=wall, official_mb=rss)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    print(f"\nrankstream diagnose vs torch fr_trace (fault {args.fault} on rank {args.fault_rank})")
+    print(f"{'size':>14} | {'rankstream verdict':>24} {'s':>7} {'MB':>7} {'analysis s':>10} | "
+          f"{'fr_trace verdict':>24} {'s':>7} {'MB':>7} | speed-up")
+    for row in rows:
+        ours = f"{row['rankstream'][0]} {row['rankstream'][1]}"
+        line = (f"{row['size']:>14} | {ours:>24} {row['rankstream_s']:7.1f} {row['rankstream_mb']:7.0f} "
+                f"{row['analysis_only_s']:10.2f} | ")
+        if "official" in row:
+            theirs = f"{row['official'][0]} {row['official'][1]}"
+            line += (f"{theirs:>24} {row['official_s']:7.1f} {row['official_mb']:7.0f} | "
+                     f"{row['official_s'] / row['rankstream_s']:.1f}x")
+        else:
+            line += f"{'(not run)':>24}"
+        print(line)
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "fr_vs_official.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
