@@ -1,8 +1,8 @@
 """``rankstream diagnose DIR``: the one-shot drop-in for PyTorch's fr_trace, and the shared report.
 
-A dump directory is read completely (bad files are refused with one line), loaded into a
-temporary DuckDB with the same projector the materializer uses (so the tables are exactly those
-of live data), matched with ``flows.collectives``, and reported: a rich table for people, or with
+A dump directory is read completely (bad files are refused with one line) by the columnar loader
+(``flows.dump_loader``, whose rows are those the materializer writes for imported dumps), loaded into
+a temporary in-memory DuckDB, matched with ``flows.collectives``, and reported: a rich table for people, or with
 ``--json`` exactly one JSON object on stdout. ``rankstream analyze collectives --run RUN`` gives the
 same report for data already in the database.
 """
@@ -15,14 +15,10 @@ from pathlib import Path
 
 import duckdb
 
-from rankstream.consumers.projector import MESSAGE_COLUMN, project
 from rankstream.flows.collectives import Finding, build_collective_tables, findings_for_run, store_findings, verdict
-from rankstream.producers.import_fr import FrDump, read_fr_directory
-from rankstream.schemas.envelope import Envelope, PayloadKind, Stream
-from rankstream.schemas.records import FrBatch, PgConfig
 from rankstream.schemas.tables import ddl
 
-__all__ = ["Report", "analyze_run", "analyze_stored", "diagnose_directory", "load_dumps", "render_report"]
+__all__ = ["Report", "analyze_run", "analyze_stored", "diagnose_directory", "render_report"]
 
 
 @dataclass
@@ -39,24 +35,6 @@ class Report:
     @property
     def exit_code(self) -> int:
         return 0 if self.verdict == "healthy" else 1
-
-
-def load_dumps(con: duckdb.DuckDBPyConnection, dumps: list[FrDump], run_id: str) -> None:
-    """Project dumps into ``fr_entries`` and ``process_groups`` as the materializer would."""
-    world = max(d.rank for d in dumps) + 1
-    envelopes = []
-    for dump in dumps:
-        envelopes.append(Envelope(run_id, dump.rank, world, Stream.FR, dump.session_id, 0, PayloadKind.FR_BATCH, 1,
-                                  0, FrBatch(snapshot_ns=0, entries=dump.entries)))
-        if dump.groups:
-            envelopes.append(Envelope(run_id, dump.rank, world, Stream.FR, dump.session_id, 1,
-                                      PayloadKind.PG_CONFIG, 1, 0, PgConfig(groups=dump.groups)))
-    for table, arrow in project(envelopes).items():
-        con.register("_dump_rows", arrow.drop_columns([MESSAGE_COLUMN]))
-        try:
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _dump_rows")
-        finally:
-            con.unregister("_dump_rows")
 
 
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None,

@@ -9,8 +9,8 @@ import sys
 import duckdb
 import pytest
 
-from rankstream.flows.diagnose import analyze_run, diagnose_directory, load_dumps
-from rankstream.producers.import_fr import read_fr_directory
+from rankstream.flows.diagnose import analyze_run, diagnose_directory
+from rankstream.flows.dump_loader import load_dump_directory
 from rankstream.schemas.tables import ddl
 
 PATTERN = ["all_reduce", "all_gather", "all_reduce", "broadcast"]
@@ -75,13 +75,15 @@ def test_each_fault_names_its_kind_sequence_and_culprit(tmp_path, fault, kind, s
 
 
 def test_order_of_dumps_does_not_change_the_findings(tmp_path):
-    dumps = read_fr_directory(write_job(tmp_path / "job", "wrong_op", fault_rank=0), "rank_")
+    entries, _, _ = load_dump_directory(write_job(tmp_path / "job", "wrong_op", fault_rank=0), "rank_", "run")
     results = []
     for attempt in range(4):
-        random.Random(attempt).shuffle(dumps)
+        order = list(range(entries.num_rows))
+        random.Random(attempt).shuffle(order)  # rows (and so ranks' dumps) arrive in any order
         con = duckdb.connect()
         con.execute(ddl())
-        load_dumps(con, dumps, "run")
+        con.register("shuffled", entries.take(order))
+        con.execute("INSERT INTO fr_entries SELECT * FROM shuffled")
         results.append([f.as_json() for f in analyze_run(con, "run").findings])
     assert all(r == results[0] for r in results)
     assert results[0][0]["culprit_ranks"] == [0]
