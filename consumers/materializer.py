@@ -210,7 +210,8 @@ class Materializer:
 def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild: bool = False,
           query_server: bool = True, max_messages: int = 500,
           log: Callable[[str], None] = print) -> MaterializerStatus:
-    """Open the database (waiting while another process holds it), then materialize and serve SQL.
+    """Open the database (waiting while another process holds it), then materialize, serve SQL and
+    (unless ``once``) watch running jobs for hangs and dead ranks (``flows.hang_watch``).
 
     ``rebuild`` empties every projection and replays all partitions from offset 0; ``once``
     stops when the offsets seen at start are reached.
@@ -239,9 +240,16 @@ def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild:
         server = QueryServer(connection, config.db_path) if query_server else None
         if server:
             server.start()
+        from rankstream.flows.hang_watch import HangWatch
+
+        watch = HangWatch(connection) if not once else None
+        if watch:
+            watch.start()
         try:
             return Materializer(config, store, log=log, max_records=max_messages).run(stop, until_caught_up=once)
         finally:
+            if watch:
+                watch.stop()
             if server:
                 server.stop()
     finally:

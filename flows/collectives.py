@@ -385,7 +385,12 @@ def _truncation_findings(con, run_id: str, descs) -> list[Finding]:
 
 
 def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
-    """Ranks consistently late to create their collectives (only where the group is still aligned)."""
+    """Ranks consistently late to create their collectives (only where the group is still aligned).
+
+    Lateness is measured against each collective's median creation time and averaged per rank over
+    all its groups: a rank that waits for a slow peer in a small group looks late in the larger
+    groups too, but it is early in the group it shares with the slow peer, which cancels it out.
+    """
     _derailed_table(con, derailed)
     rows = _rows(con, f"""
         WITH complete AS (
@@ -394,17 +399,21 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
         ), lateness AS (
             SELECT k.pg_name, k.rank, k.created_ns - median(k.created_ns) OVER (PARTITION BY k.pg_name, k.seq) AS late
             FROM collective_calls k JOIN complete USING (run_id, pg_name, seq) WHERE k.created_ns IS NOT NULL
+        ), per_group AS (
+            SELECT rank, pg_name, avg(late) AS late, count(*) AS n FROM lateness GROUP BY ALL
         )
-        SELECT pg_name, rank, avg(late)::BIGINT AS mean_late_ns, avg((late > 0)::INT) AS late_share, count(*) AS n
-        FROM lateness GROUP BY ALL
+        SELECT rank, avg(late)::BIGINT AS mean_late_ns, avg((late > 0)::INT) AS late_share, count(*) AS n,
+               (SELECT pg_name FROM per_group g WHERE g.rank = l.rank ORDER BY g.late DESC LIMIT 1) AS worst_group
+        FROM lateness l GROUP BY rank
         HAVING n >= 10 AND avg(late) > {STRAGGLER_MIN_NS} AND avg((late > 0)::INT) >= {STRAGGLER_SHARE}
         ORDER BY mean_late_ns DESC
     """, [run_id])
     con.unregister("_derailed")
-    findings = [Finding("straggler", r["pg_name"], descs.get(r["pg_name"]), None, [r["rank"]], [], None,
+    findings = [Finding("straggler", r["worst_group"], descs.get(r["worst_group"]), None, [r["rank"]], [], None,
                         {"mean_late_ms": round(r["mean_late_ns"] / 1e6, 2), "late_share": round(r["late_share"], 2)},
-                        f"rank {r['rank']} creates its collectives {r['mean_late_ns'] / 1e6:.1f} ms after the group's "
-                        f"median on average, late in {r['late_share']:.0%} of {r['n']}")
+                        f"rank {r['rank']} creates its collectives {r['mean_late_ns'] / 1e6:.1f} ms after the median of "
+                        f"its peers on average, late in {r['late_share']:.0%} of {r['n']} (most in group "
+                        f"{r['worst_group']})")
                 for r in rows]
     _add_involved(con, run_id, findings)
     return findings

@@ -14,7 +14,9 @@ about 7 µs. So every ``interval_s`` the tap:
 3. publishes only entries that are new or whose state changed, keyed by ``record_id``, and the
    process groups when they change;
 4. when a collective looks stuck, also publishes the training thread's live Python stack
-   (``sys._current_frames``, which never blocks) as a ``stalled_in_collective`` event.
+   (``sys._current_frames``, which never blocks) as a ``stalled_in_collective`` event; when none
+   of its groups has moved for a few ticks (a rank stuck outside collectives, the one its peers
+   wait for), as an ``idle_outside_collectives`` event.
 
 Stack frames per entry come from the final snapshot (shutdown, uncaught exception, SIGTERM/SIGINT),
 fetched on a helper thread with a timeout: during a hung gloo collective that dump blocks until the
@@ -35,6 +37,9 @@ from rankstream.schemas.fr_dump import entry_from_dump, groups_from_pg_config, s
 from rankstream.schemas.safe_pickle import safe_loads
 
 __all__ = ["FlightRecorderTap", "FlightRecorderDumps", "read_dump"]
+
+#: Ticks without progress in any group before the rank's stack is published as "idle".
+_IDLE_TICKS = 3
 
 
 def read_dump(raw: bytes) -> dict[str, Any]:
@@ -95,6 +100,7 @@ class FlightRecorderTap:
         self._status_at_full: dict[str, dict[str, int]] | None = None
         self._last_full = 0.0
         self._stall_reported: dict[str, int] = {}
+        self._idle_ticks = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,11 +142,14 @@ class FlightRecorderTap:
         if status:
             self._producer.set_collectives(status)
         stuck = _pending(status) & _pending(previous) if status == previous else set()
+        self._idle_ticks = self._idle_ticks + 1 if status and status == previous else 0
         published = 0
         if final or self._full_dump_due(stuck):
             published = self._publish(read_dump(self._dumps.entries()))
         if stuck:
             self._report_stall(stuck)
+        elif self._idle_ticks == _IDLE_TICKS:  # no group moved for a while: say where the rank is
+            self._report_stack("idle_outside_collectives", {"groups": status})
         if final:
             raw = _call_with_timeout(self._dumps.entries_with_frames, timeout_s=2.0)
             if raw:
@@ -190,8 +199,12 @@ class FlightRecorderTap:
             return
         for group in fresh:
             self._stall_reported[group] = self._status[group].get("last_enqueued")
+        self._report_stack("stalled_in_collective", {"groups": {g: self._status[g] for g in sorted(fresh)}})
+
+    def _report_stack(self, name: str, args: dict) -> None:
+        """Publish the training thread's live Python stack (innermost frame first)."""
         frame = sys._current_frames().get(self._main_thread)
         frames = [{"name": f.name, "filename": f.filename, "line": f.lineno}
                   for f in reversed(traceback.extract_stack(frame))][:40] if frame is not None else []
-        self._producer.emit("stalled_in_collective", "rankstream", "i", time.time_ns(), 0, 0, 0, None, None, None,
-                            {"groups": {g: self._status[g] for g in sorted(fresh)}, "frames": frames})
+        self._producer.emit(name, "rankstream", "i", time.time_ns(), 0, 0, 0, None, None, None,
+                            {**args, "frames": frames})

@@ -275,7 +275,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print one JSON ob
 def demo(
     ranks: int = typer.Option(4, min=2, help="Ranks (processes) of the gloo job."),
     steps: int = typer.Option(20, min=2, help="Training steps."),
-    fault: str = typer.Option("none", help="Inject a fault: none, hang, desync, straggler or crash."),
+    fault: str = typer.Option("none", help="Inject a fault: none, hang, stall, desync, wrong_op, extra, straggler, crash."),
     fault_rank: int = typer.Option(1, help="The rank that misbehaves."),
     synthetic: bool = typer.Option(False, help="Stream a synthetic job instead (no torch)."),
 ) -> None:

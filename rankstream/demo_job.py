@@ -9,7 +9,11 @@ Flight Recorder tap on.
 ``fault`` makes ``fault_rank`` misbehave at the middle step, as real jobs do:
 
 * ``hang``: it skips the gradient all-reduce, so its peers wait in it until the group times out;
-* ``desync``: it all-reduces a tensor of the wrong size;
+* ``stall``: it stops before the gradient all-reduce (stuck outside collectives, as in a dead data
+  loader) for twice the collective timeout, while its peers wait in the all-reduce;
+* ``desync``: it all-reduces a tensor of the wrong size (gloo aborts that process);
+* ``wrong_op``: it broadcasts its gradients instead of all-reducing them;
+* ``extra``: it issues an extra barrier before the gradient all-reduce;
 * ``straggler``: it sleeps before every step;
 * ``crash``: it is killed with SIGKILL in the middle of the step (after one quiet second, so the
   events it emitted more than a second before the kill are all that can be expected to survive).
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-FAULTS = ("none", "hang", "desync", "straggler", "crash")
+FAULTS = ("none", "hang", "stall", "desync", "wrong_op", "extra", "straggler", "crash")
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,20 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
                 with rankstream.span("backward"):
                     optimizer.zero_grad()
                     loss.backward()
+                if faulty and spec.fault == "stall" and step == middle:
+                    with rankstream.span("stuck_in_data_loader"):
+                        time.sleep(spec.collective_timeout_s * 2)
                 with rankstream.span("allreduce"):
                     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
                     if faulty and step == middle and spec.fault == "hang":
                         rankstream.instant("skipped_allreduce", step=step)
                     elif faulty and step == middle and spec.fault == "desync":
                         dist.all_reduce(grads[: grads.numel() // 2].contiguous())
+                    elif faulty and step == middle and spec.fault == "wrong_op":
+                        dist.broadcast(grads, src=0)
                     else:
+                        if faulty and step == middle and spec.fault == "extra":
+                            dist.barrier()
                         dist.all_reduce(grads)
                 if step % 5 == 0:
                     flag = torch.tensor([float(step)])

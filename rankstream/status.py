@@ -1,4 +1,4 @@
-"""``rankstream status``: what is running, what was captured, and what was lost.
+"""``rankstream status``: what is running, what was captured, what was lost, and live hangs.
 
 Loss is reported two ways: the producers' own counters (dropped, spooled) from their latest
 heartbeats, and sequence gaps seen by the materializer (messages that never arrived).
@@ -66,11 +66,14 @@ def collect_status(config: Config) -> dict[str, Any]:
         pass
     report["materializer"] = materializer
     if not config.db_path.exists():
-        report["runs"], report["rejects"] = [], 0
+        report["runs"], report["rejects"], report["live_findings"] = [], 0, []
         return report
     database = connect(config.db_path)
     report["runs"] = database.arrow(RUNS_SQL).to_pylist()
     report["rejects"] = database.fetchall("SELECT count(*) FROM rejects")[0][0]
+    report["live_findings"] = database.arrow(
+        "SELECT run_id, kind, pg_name, seq, op, culprit_ranks, waiting_ranks, "
+        "round((detected_ns - since_ns) / 1e9, 1) AS for_s FROM live_findings ORDER BY run_id, kind").to_pylist()
     return report
 
 
@@ -94,4 +97,12 @@ def render_status(report: dict[str, Any], console: Console) -> None:
                       str(run["ended_at"] or "running"), f"{run['events']:,}", f"{run['fr_entries']:,}",
                       f"{run['dropped']:,}", f"{run['spooled']:,}", f"{run['missing_messages']:,}")
     console.print(table)
+    for finding in report["live_findings"]:
+        if finding["kind"] == "hang":
+            console.print(f"[bold red]HANG[/] run {finding['run_id']}: ranks {finding['waiting_ranks']} wait in "
+                          f"{finding['op']} #{finding['seq']} of group {finding['pg_name']} for {finding['for_s']} s; "
+                          f"ranks {finding['culprit_ranks']} never reached it (details: the live_findings table)")
+        else:
+            console.print(f"[bold red]DEAD[/] run {finding['run_id']}: ranks {finding['culprit_ranks']} stopped "
+                          f"heartbeating {finding['for_s']} s ago")
     console.print(f"rejected messages: {report['rejects']}" + (" (see the rejects table)" if report["rejects"] else ""))

@@ -13,7 +13,7 @@ __all__ = ["ddl", "PROJECTION_TABLES", "DERIVED_TABLES", "BOOKKEEPING_TABLES", "
 #: Tables filled from the bus; a rebuild empties them.
 PROJECTION_TABLES = ("trace_events", "fr_entries", "process_groups", "heartbeats", "rank_metadata", "rejects")
 #: Derived by analyses from the projections; not emptied by a rebuild (the analyses recompute them).
-DERIVED_TABLES = ("findings",)
+DERIVED_TABLES = ("findings", "live_findings")
 #: The materializer's own position; a rebuild empties these too.
 BOOKKEEPING_TABLES = ("ingested_batches", "consumer_offsets")
 VIEWS = ("ranks", "runs", "fr_entries_latest")

@@ -128,6 +128,21 @@ CREATE TABLE IF NOT EXISTS findings (
     detail          VARCHAR
 );
 
+-- Written every couple of seconds by the live hang detector beside the materializer: the current
+-- hangs and dead ranks of runs that are still heartbeating (rows of a run are replaced each pass).
+CREATE TABLE IF NOT EXISTS live_findings (
+    run_id          VARCHAR NOT NULL,
+    detected_ns     BIGINT NOT NULL,
+    kind            VARCHAR NOT NULL,   -- hang or dead_rank
+    pg_name         VARCHAR,
+    seq             BIGINT,             -- the collective the other ranks wait in
+    op              VARCHAR,
+    since_ns        BIGINT,             -- when the group stopped progressing (or the last heartbeat)
+    culprit_ranks   INTEGER[],
+    waiting_ranks   INTEGER[],
+    detail          VARCHAR             -- JSON: each culprit's last enqueued/completed, heartbeat, stack
+);
+
 -- Bookkeeping, written in the same transaction as the rows above.
 -- One row per accepted message: resends of a batch (same key) are skipped.
 CREATE TABLE IF NOT EXISTS ingested_batches (

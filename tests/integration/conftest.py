@@ -55,3 +55,16 @@ def cli(config, *args, timeout=120, check=True, **kwargs) -> subprocess.Complete
     if check and result.returncode != 0:
         raise AssertionError(f"rankstream {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """The embedded broker plus a background materializer (with its hang watch), as `rankstream up`."""
+    from rankstream.deploy.services import down, up
+
+    root = tmp_path_factory.mktemp("live")
+    config = load_config({"db_path": root / "live.duckdb", "state_dir": root / "state", "broker_port": free_port(),
+                          "partitions": 2}, env={})
+    up(config)
+    yield config
+    down(config)

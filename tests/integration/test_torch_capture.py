@@ -1,5 +1,6 @@
 """Real torch.distributed (gloo) jobs streamed through the real broker into DuckDB."""
 
+import json
 import socket
 import time
 import uuid
@@ -9,26 +10,12 @@ import pytest
 from rankstream.config import config_env
 from rankstream.consumers.query import connect
 from rankstream.demo_job import JobSpec, read_reports, start_job
-from rankstream.deploy.services import down, up
 from rankstream.producers.flight_recorder import read_dump
 from rankstream.schemas.fr_dump import entry_from_dump
 
 from .conftest import free_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """The embedded broker plus a background materializer, as `rankstream up` starts them."""
-    from rankstream.config import load_config
-
-    root = tmp_path_factory.mktemp("live")
-    config = load_config({"db_path": root / "live.duckdb", "state_dir": root / "state", "broker_port": free_port(),
-                          "partitions": 2}, env={})
-    up(config)
-    yield config
-    down(config)
 
 
 def job(live, tmp_path, **overrides) -> JobSpec:
@@ -115,6 +102,32 @@ def test_a_hung_ranks_entries_appear_while_it_is_hung(live, tmp_path):
         beats = database.fetchall("SELECT rank, count(*) FROM heartbeats WHERE run_id = ? GROUP BY rank "
                                   "ORDER BY rank", [spec.run_id])
         assert [r for r, _ in beats] == [0, 1]
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+
+
+def test_live_hang_finding_while_the_job_is_still_hung(live, tmp_path):
+    spec = job(live, tmp_path, fault="stall", fault_rank=2, world_size=4, steps=6, collective_timeout_s=60)
+    processes = start_job(spec, config_env(live))
+    database = connect(live.db_path)
+    try:
+        deadline, found = time.monotonic() + 60, None
+        while time.monotonic() < deadline and found is None:
+            rows = database.arrow("SELECT * FROM live_findings WHERE run_id = ? AND kind = 'hang'",
+                                  [spec.run_id]).to_pylist()
+            found = rows[0] if rows else None
+            time.sleep(0.5)
+        assert found is not None, "no live hang finding"
+        assert all(p.is_alive() for p in processes), "the finding must come while the job is still hung"
+        assert (found["pg_name"], found["op"], found["culprit_ranks"], found["waiting_ranks"]) == (
+            "0", "all_reduce", [2], [0, 1, 3])
+        detail = json.loads(found["detail"])["2"]
+        assert detail["last_enqueued"] == found["seq"] - 1
+        assert any(f["name"] == "train_rank" for f in detail["frames"])  # where the stuck rank is
+        latency_s = (found["detected_ns"] - found["since_ns"]) / 1e9
+        assert latency_s <= 10, f"detected {latency_s:.1f} s after the hang started"
     finally:
         for process in processes:
             process.kill()
