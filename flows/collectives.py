@@ -419,13 +419,74 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     return findings
 
 
+P2P_SQL = """
+WITH ops AS (   -- 'nccl:send 0->1' / 'nccl:recv 1<-0', group-local ranks, mapped to global ones
+    SELECT e.rank, e.pg_name, e.pg_desc, e.record_id, e.input_sizes, e.output_sizes,
+           split_part(split_part(e.profiling_name, ':', 2), ' ', 1) AS op,
+           regexp_extract(e.profiling_name, '(\\d+)\\s*(->|<-)\\s*(\\d+)', ['a', 'arrow', 'b']) AS m
+    FROM fr_entries e
+    WHERE e.run_id = $run AND (e.profiling_name LIKE '%:send %' OR e.profiling_name LIKE '%:recv %')
+), members AS (
+    SELECT pg_name, rank, row_number() OVER (PARTITION BY pg_name ORDER BY rank) - 1 AS local_rank
+    FROM memberships WHERE run_id = $run
+), located AS (
+    SELECT o.*, CASE WHEN o.op = 'send' THEN m.a::INT ELSE m.b::INT END AS src_local,
+           CASE WHEN o.op = 'send' THEN m.b::INT ELSE m.a::INT END AS dst_local
+    FROM ops o
+), global AS (
+    SELECT l.rank, l.pg_name, l.pg_desc, l.record_id, l.op, l.input_sizes, l.output_sizes,
+           coalesce(s.rank, l.src_local) AS src, coalesce(d.rank, l.dst_local) AS dst
+    FROM located l
+    LEFT JOIN members s ON s.pg_name = l.pg_name AND s.local_rank = l.src_local
+    LEFT JOIN members d ON d.pg_name = l.pg_name AND d.local_rank = l.dst_local
+), numbered AS (
+    SELECT *, row_number() OVER (PARTITION BY rank, pg_name, op, src, dst ORDER BY record_id) AS nth FROM global
+), starts AS (  -- a rank whose ring buffer no longer starts at record 0 may have lost old p2p entries
+    SELECT rank, min(record_id) > 0 AS truncated FROM fr_entries WHERE run_id = $run GROUP BY rank
+)
+SELECT s.pg_name, s.pg_desc, s.src, s.dst, s.nth, s.input_sizes::VARCHAR AS sent, r.output_sizes::VARCHAR AS received,
+       r.rank IS NULL AS unmatched
+FROM numbered s
+LEFT JOIN numbered r ON r.op = 'recv' AND r.rank = s.dst AND r.pg_name = s.pg_name AND r.src = s.src
+     AND r.dst = s.dst AND r.nth = s.nth
+LEFT JOIN starts t ON t.rank = s.dst
+WHERE s.op = 'send' AND s.rank = s.src
+  AND ((r.rank IS NOT NULL AND s.input_sizes IS DISTINCT FROM r.output_sizes)
+       OR (r.rank IS NULL AND s.dst IN (SELECT rank FROM fr_entries WHERE run_id = $run)
+           AND NOT coalesce(t.truncated, false)))
+ORDER BY s.pg_name, s.src, s.dst, s.nth
+"""
+
+
+def _p2p_findings(con, run_id: str) -> list[Finding]:
+    """The k-th send from A to B pairs with the k-th recv on B from A, whatever else is batched in
+    between; a pair whose sizes differ, or a send with no receive where B's buffer would hold it, is
+    a p2p mismatch (one finding per pair of ranks, the first one)."""
+    findings, seen = [], set()
+    for row in _rows(con, P2P_SQL, {"run": run_id}):
+        key = (row["pg_name"], row["src"], row["dst"])
+        if key in seen:
+            continue
+        seen.add(key)
+        if row["unmatched"]:
+            detail = f"send #{row['nth']} from rank {row['src']} to rank {row['dst']} has no matching recv on rank {row['dst']}"
+            culprits = [row["dst"]]
+        else:
+            detail = (f"send #{row['nth']} from rank {row['src']} to rank {row['dst']}: sent {row['sent']}, "
+                      f"received {row['received']}")
+            culprits = []
+        findings.append(Finding("p2p_mismatch", row["pg_name"], row["pg_desc"], None, culprits,
+                                [row["src"], row["dst"]], row["sent"], row["received"], detail))
+    return findings
+
+
 def findings_for_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None) -> list[Finding]:
     """Findings of one run (tables built by ``build_collective_tables``), first mismatch first."""
     descs = _group_descs(con, run_id)
     type_findings, derailed = _type_findings(con, run_id, descs)
     findings = (type_findings + _size_findings(con, run_id, descs, derailed)
                 + _tail_findings(con, run_id, descs, derailed) + _truncation_findings(con, run_id, descs)
-                + _straggler_findings(con, run_id, descs, derailed))
+                + _straggler_findings(con, run_id, descs, derailed) + _p2p_findings(con, run_id))
     findings.sort(key=lambda f: (f.kind not in DESYNC_KINDS and f.kind != "hang", f.seq is None,
                                  f.seq if f.seq is not None else 0, _ORDER[f.kind], f.group))
     if mismatch_cap is not None:

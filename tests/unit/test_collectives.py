@@ -128,3 +128,21 @@ def test_cli_prints_one_json_object_and_exits_by_verdict(tmp_path):
     broken = run(str(tmp_path / "broken"), "--prefix", "rank_", "--json")
     assert broken.returncode == 2 and broken.stdout == ""
     assert broken.stderr.strip().startswith("rankstream: error:") and "rank_0" in broken.stderr
+
+
+def test_healthy_p2p_is_quiet_and_a_receive_of_the_wrong_size_is_named(tmp_path):
+    from rankstream.fr_dump_generator import write_dumps
+
+    healthy = write_dumps(tmp_path / "p2p", 8, 300, tp=4, p2p=True)
+    report, _ = diagnose_directory(healthy, prefix="rank_")
+    assert report.verdict == "healthy" and not [f for f in report.findings if f.kind == "p2p_mismatch"]
+
+    dump = pickle.loads((healthy / "rank_3").read_bytes())
+    receives = [e for e in dump["entries"] if e["profiling_name"].startswith("nccl:recv")]
+    receives[2]["output_sizes"] = [[8192]]
+    (healthy / "rank_3").write_bytes(pickle.dumps(dump))
+    report, _ = diagnose_directory(healthy, prefix="rank_")
+    mismatches = [f for f in report.findings if f.kind == "p2p_mismatch"]
+    assert report.verdict == "desync"
+    assert len(mismatches) == 1 and mismatches[0].ranks_involved == [2, 3]
+    assert "[[4096]]" in mismatches[0].expected and "[[8192]]" in mismatches[0].actual
