@@ -18,6 +18,9 @@ import duckdb
 from rankstream.flows.collectives import Finding, build_collective_tables, findings_for_run, store_findings, verdict
 from rankstream.schemas.tables import ddl
 
+#: Rows gathered from dump files before one insert: big enough to insert fast, small enough to bound memory.
+_INSERT_ROWS = 200_000
+
 __all__ = ["Report", "analyze_run", "analyze_stored", "diagnose_directory", "render_report"]
 
 
@@ -58,16 +61,28 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
     """Load a dump directory into a temporary DuckDB and analyze it (see the module docstring)."""
     import pyarrow as pa
 
-    from rankstream.flows.dump_loader import load_dump_directory
+    from rankstream.flows.dump_loader import iter_dump_tables
 
     run_id = f"fr-{directory.resolve().name}"
-    entries, groups, _ = load_dump_directory(directory, prefix, run_id, selected_ranks=selected_ranks,
-                                             with_frames=with_frames)
     con = duckdb.connect()  # a temporary, in-memory database
     con.execute(ddl())
-    con.register("_entries", entries)
-    con.execute("INSERT INTO fr_entries SELECT * FROM _entries")
-    con.unregister("_entries")
+    groups: list[dict] = []
+    pending: list = []
+
+    def store() -> None:  # a few files at a time: the rows live in DuckDB only, inserts stay large
+        con.register("_entries", pa.concat_tables(pending))
+        con.execute("INSERT INTO fr_entries SELECT * FROM _entries")
+        con.unregister("_entries")
+        pending.clear()
+
+    for _, entries, rank_groups in iter_dump_tables(directory, prefix, run_id, selected_ranks=selected_ranks,
+                                                    with_frames=with_frames):
+        pending.append(entries)
+        groups += rank_groups
+        if sum(t.num_rows for t in pending) >= _INSERT_ROWS:
+            store()
+    if pending:
+        store()
     if groups:
         con.register("_groups", pa.table({
             "run_id": [run_id] * len(groups), "rank": pa.array([g["rank"] for g in groups], pa.int32()),

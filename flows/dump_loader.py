@@ -14,7 +14,7 @@ import gc
 import multiprocessing
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +25,7 @@ from rankstream.producers.importing import check_input_file
 from rankstream.schemas.fr_dump import groups_from_pg_config
 from rankstream.schemas.safe_pickle import UnsafePickle
 
-__all__ = ["load_dump_directory", "FR_SCHEMA"]
+__all__ = ["iter_dump_tables", "load_dump_directory", "FR_SCHEMA"]
 
 _SIZES = pa.list_(pa.list_(pa.int64()))
 _FRAMES = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
@@ -115,23 +115,35 @@ def _load_file(job: tuple[int, str, str, bool, bool]) -> tuple[str, Any]:
         return "error", f"{path}: cannot read: {exc.strerror or exc}"
 
 
-def load_dump_directory(directory: Path, prefix: str, run_id: str, *, selected_ranks: set[int] | None = None,
-                        with_frames: bool = False, complete: bool = False) -> tuple[pa.Table, list[dict], list[int]]:
-    """All dumps as one ``fr_entries`` Arrow table, the process groups (with the reporting rank), and
-    the ranks read. ``complete=False`` fills only the columns the analysis reads. Raises BadInput
-    naming the first bad file; nothing is returned half-read."""
+def iter_dump_tables(directory: Path, prefix: str, run_id: str, *, selected_ranks: set[int] | None = None,
+                     with_frames: bool = False, complete: bool = False) -> Iterator[tuple[int, pa.Table, list[dict]]]:
+    """``(rank, fr_entries rows, process groups)`` per dump, in rank-file order, as workers finish
+    them, so a caller can store each one and drop it. ``complete=False`` fills only the columns the
+    analysis reads. Raises BadInput naming the first bad file."""
     files = list_fr_files(directory, prefix, selected_ranks)
     jobs = [(rank, str(path), run_id, with_frames, complete) for rank, path in files]
     if len(jobs) >= _PARALLEL_FROM and (os.cpu_count() or 1) > 1:
         with multiprocessing.get_context("fork").Pool(min(os.cpu_count() or 2, 4)) as pool:
-            results = pool.map(_load_one, jobs, chunksize=max(1, len(jobs) // 64))
+            yield from _decoded(files, pool.imap(_load_one, jobs, chunksize=max(1, len(jobs) // 64)))
     else:
-        results = [_load_one(job) for job in jobs]
-    tables, groups = [], []
+        yield from _decoded(files, (_load_one(job) for job in jobs))
+
+
+def _decoded(files, results) -> Iterator[tuple[int, pa.Table, list[dict]]]:
     for (rank, _), (status, value) in zip(files, results):
         if status == "error":
             raise BadInput(value)
-        ipc, rank_groups = value
-        tables.append(pa.ipc.open_stream(pa.py_buffer(ipc)).read_all())
-        groups += [{"rank": rank, **group} for group in rank_groups]
-    return pa.concat_tables(tables), groups, [rank for rank, _ in files]
+        ipc, groups = value
+        yield rank, pa.ipc.open_stream(pa.py_buffer(ipc)).read_all(), [{"rank": rank, **g} for g in groups]
+
+
+def load_dump_directory(directory: Path, prefix: str, run_id: str, *, selected_ranks: set[int] | None = None,
+                        with_frames: bool = False, complete: bool = False) -> tuple[pa.Table, list[dict], list[int]]:
+    """All dumps as one ``fr_entries`` Arrow table, the process groups and the ranks read."""
+    tables, groups, ranks = [], [], []
+    for rank, table, rank_groups in iter_dump_tables(directory, prefix, run_id, selected_ranks=selected_ranks,
+                                                     with_frames=with_frames, complete=complete):
+        tables.append(table)
+        groups += rank_groups
+        ranks.append(rank)
+    return pa.concat_tables(tables), groups, ranks
