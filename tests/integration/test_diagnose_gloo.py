@@ -51,9 +51,9 @@ def test_faults_name_kind_group_sequence_and_culprit(live, tmp_path, fault, kind
     report = run_job(live, tmp_path, fault=fault, fault_rank=1)
     first = report.findings[0]
     assert report.verdict in ("desync", "hang")
-    assert first.kind in kinds and first.group_desc == "default_pg" and first.culprit_ranks == [1]
-    if fault in ("wrong_op", "extra", "hang"):
-        assert first.seq == MIDDLE_ALLREDUCE
+    assert first.kind in kinds and first.culprit_ranks == [1]
+    if fault != "desync":  # an aborted rank's last published entries stop in whichever group it was in
+        assert first.group_desc == "default_pg" and first.seq == MIDDLE_ALLREDUCE
 
 
 def test_a_slow_rank_is_the_straggler(live, tmp_path):
