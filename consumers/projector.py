@@ -18,20 +18,21 @@ from rankstream.schemas.envelope import Envelope, PayloadKind
 from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS
 from rankstream.schemas.trace import NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS
 
-__all__ = ["project", "MESSAGE_COLUMN"]
+__all__ = ["project", "MESSAGE_COLUMN", "FR_SIZES_TYPE", "FR_FRAMES_TYPE"]
 
 #: Every projected row carries the index of its message in the poll, so rows of a message found
 #: to be a duplicate at commit time can be filtered out; the column is dropped before insert.
 MESSAGE_COLUMN = "_msg"
 
-_SIZES = pa.list_(pa.list_(pa.int64()))
-_FRAMES = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
+#: Arrow types of the nested FR columns, matching fr_entries' BIGINT[][] and STRUCT(...)[].
+FR_SIZES_TYPE = pa.list_(pa.list_(pa.int64()))
+FR_FRAMES_TYPE = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
 _FR_TYPES = {
-    "input_sizes": _SIZES,
-    "output_sizes": _SIZES,
+    "input_sizes": FR_SIZES_TYPE,
+    "output_sizes": FR_SIZES_TYPE,
     "input_dtypes": pa.list_(pa.string()),
     "output_dtypes": pa.list_(pa.string()),
-    "frames": _FRAMES,
+    "frames": FR_FRAMES_TYPE,
 }
 
 

@@ -22,24 +22,24 @@ import pyarrow.compute as pc
 from rankstream.errors import BadInput
 from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
 from rankstream.producers.importing import check_input_file
-from rankstream.schemas.fr_dump import groups_from_pg_config
+from rankstream.consumers.projector import FR_FRAMES_TYPE, FR_SIZES_TYPE
+from rankstream.schemas.fr_dump import DUMP_FIELDS, groups_from_pg_config
 from rankstream.schemas.safe_pickle import UnsafePickle
 
 __all__ = ["iter_dump_tables", "load_dump_directory", "FR_SCHEMA"]
 
-_SIZES = pa.list_(pa.list_(pa.int64()))
-_FRAMES = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
 FR_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("rank", pa.int32()), ("snapshot_ns", pa.int64()), ("record_id", pa.int64()),
     ("pg_id", pa.int64()), ("pg_name", pa.string()), ("pg_desc", pa.string()), ("thread_name", pa.string()),
     ("thread_id", pa.string()), ("collective_seq_id", pa.int64()), ("p2p_seq_id", pa.int64()), ("op_id", pa.int64()),
     ("profiling_name", pa.string()), ("time_created_ns", pa.int64()), ("time_discovered_started_ns", pa.int64()),
-    ("time_discovered_completed_ns", pa.int64()), ("input_sizes", _SIZES), ("input_dtypes", pa.list_(pa.string())),
-    ("output_sizes", _SIZES), ("output_dtypes", pa.list_(pa.string())), ("state", pa.string()),
-    ("retired", pa.bool_()), ("timeout_ms", pa.int64()), ("is_p2p", pa.bool_()), ("frames", _FRAMES),
+    ("time_discovered_completed_ns", pa.int64()), ("input_sizes", FR_SIZES_TYPE), ("input_dtypes", pa.list_(pa.string())),
+    ("output_sizes", FR_SIZES_TYPE), ("output_dtypes", pa.list_(pa.string())), ("state", pa.string()),
+    ("retired", pa.bool_()), ("timeout_ms", pa.int64()), ("is_p2p", pa.bool_()), ("frames", FR_FRAMES_TYPE),
 ])
-_PLAIN = ("pg_id", "thread_name", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name", "time_created_ns",
-          "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state", "retired", "timeout_ms", "is_p2p")
+#: Fields copied as torch wrote them; the others are converted below (or are the row's identity).
+_PLAIN = tuple(name for name in DUMP_FIELDS if name not in (
+    "record_id", "thread_id", "time_discovered_started_ns", "time_discovered_completed_ns", "frames"))
 #: Below this many files, worker processes cost more than they save.
 _PARALLEL_FROM = 32
 

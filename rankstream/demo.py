@@ -8,13 +8,11 @@ emitted, prints what was captured per rank and a sample query, and stops what it
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import socket
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -108,7 +106,9 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
     try:
         began = time.monotonic()
         codes = _launch(config, run_id, ranks, steps, fault, fault_rank, synthetic, report_dir)
-        reports = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(report_dir).glob("rank*.json")}
+        from rankstream.demo_job import read_reports
+
+        reports = read_reports(report_dir)
         console.print(f"job finished in {time.monotonic() - began:.1f} s; exit codes "
                       + ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes)))
         for rank, report in sorted(reports.items()):

@@ -154,8 +154,9 @@ def start_job(spec: JobSpec, environment: dict[str, str]) -> list:
     return processes
 
 
-def read_reports(spec: JobSpec) -> dict[int, dict]:
-    return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(spec.report_dir).glob("rank*.json")}
+def read_reports(report_dir: str) -> dict[int, dict]:
+    """The ranks' JSON reports from ``JobSpec.report_dir``, by rank."""
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(report_dir).glob("rank*.json")}
 
 
 def _write_report(spec: JobSpec, report: dict) -> None:

@@ -51,7 +51,7 @@ def test_every_rank_streams_events_and_fr_entries_matching_torchs_dump(live, tmp
     spec = job(live, tmp_path, dump_flight_recorder=True)
     assert run(spec, live) == [0, 0]
     database = connect(live.db_path)
-    reports = read_reports(spec)
+    reports = read_reports(spec.report_dir)
     for rank in (0, 1):
         assert stored_events(database, spec.run_id, rank) >= reports[rank]["events_emitted"] > 0
         steps = database.fetchall("SELECT min(step), max(step) FROM trace_events WHERE run_id = ? AND rank = ? "
@@ -77,7 +77,7 @@ def test_a_crashed_ranks_earlier_events_survive(live, tmp_path):
     codes = run(spec, live)
     assert codes[1] == -9  # SIGKILL
     database = connect(live.db_path)
-    emitted_before = read_reports(spec)[1]["emitted_1s_before_kill"]
+    emitted_before = read_reports(spec.report_dir)[1]["emitted_1s_before_kill"]
     assert stored_events(database, spec.run_id, rank=1) >= emitted_before > 0
 
 
