@@ -22,8 +22,8 @@ from typing import Any, Sequence
 import duckdb
 import pyarrow as pa
 
-from rankstream.consumers.query_protocol import ServerError, read_response, send_request
-from rankstream.consumers.query_server import execute_to_arrow, server_socket
+from rankstream.consumers.query_protocol import ServerError, read_response, send_request, send_script
+from rankstream.consumers.query_server import execute_script, execute_to_arrow, server_socket
 from rankstream.errors import DatabaseBusy, QueryError, RankstreamError
 
 __all__ = ["connect", "Database"]
@@ -63,19 +63,31 @@ class Database:
             raise QueryError("this Database was opened read-only; connect(read_only=False) to write")
         return self._run(sql, params, write=True)
 
+    def script(self, statements: Sequence[tuple[str, Sequence[Any] | dict | None]]) -> None:
+        """Run several writing statements in one transaction (an analysis replacing a run's rows):
+        readers see the old rows or the new ones, never a mix, and a failure changes nothing."""
+        if self.read_only:
+            raise QueryError("this Database was opened read-only; connect(read_only=False) to write")
+        self._route(lambda path: self._remote_script(path, statements),
+                    lambda: self._local_call(lambda con: execute_script(con, statements), write=True))
+
     # -- routing ---------------------------------------------------------------------------------
     def _run(self, sql: str, params: Sequence[Any] | None, write: bool) -> pa.Table:
+        return self._route(lambda path: self._remote(path, sql, params, write),
+                           lambda: self._local_call(lambda con: execute_to_arrow(con, sql, params), write))
+
+    def _route(self, remote, local):
         deadline = time.monotonic() + self.wait_s
         holder = ""
         while True:
             path = server_socket(self.path)
             if path is not None:
                 try:
-                    return self._remote(path, sql, params, write)
+                    return remote(path)
                 except (ConnectionError, OSError):
                     pass  # the server went away between lookup and call; fall through to the file
             try:
-                return self._local(sql, params, write)
+                return local()
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():
                     raise QueryError(f"{self.path}: {exc}") from exc
@@ -96,13 +108,22 @@ class Database:
             except ServerError as exc:
                 raise QueryError(str(exc)) from None
 
-    def _local(self, sql: str, params, write: bool) -> pa.Table:
+    def _remote_script(self, socket_path: str, statements) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(socket_path)
+            send_script(sock, [(sql, params) for sql, params in statements])
+            try:
+                read_response(sock)
+            except ServerError as exc:
+                raise QueryError(str(exc)) from None
+
+    def _local_call(self, work, write: bool):
         if not self.path.exists() and not write:
             raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
         read_only = not write
         connection = duckdb.connect(str(self.path), read_only=read_only)
         try:
-            return execute_to_arrow(connection, sql, params)
+            return work(connection)
         except duckdb.IOException:
             raise
         except duckdb.Error as exc:

@@ -1,6 +1,7 @@
 """The little wire protocol between the query server and its clients, over a Unix socket.
 
-Request: 4-byte big-endian length, then JSON ``{"sql": str, "params": list|null, "write": bool}``.
+Request: 4-byte big-endian length, then JSON ``{"sql": str, "params": list|null, "write": bool}``,
+or ``{"script": [[sql, params], ...], "write": true}`` for statements that must commit together.
 Response: one status byte (``A`` Arrow IPC stream follows, ``E`` UTF-8 error message follows),
 an 8-byte big-endian length, then the body. Results travel as Arrow so that they arrive as
 columns, not rows. The server publishes its socket in a sidecar file beside the database,
@@ -17,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["sidecar_path", "send_request", "read_request", "send_table", "send_error", "read_response",
+__all__ = ["sidecar_path", "send_request", "send_script", "read_request", "send_table", "send_error", "read_response",
            "ServerError", "READ_STATEMENT_TYPES"]
 
 _LENGTH = struct.Struct(">I")
@@ -47,7 +48,15 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 def send_request(sock: socket.socket, sql: str, params: list | None, write: bool) -> None:
-    body = json.dumps({"sql": sql, "params": params, "write": write}).encode()
+    _send(sock, {"sql": sql, "params": params, "write": write})
+
+
+def send_script(sock: socket.socket, statements: list[tuple[str, Any]]) -> None:
+    _send(sock, {"script": [[sql, params] for sql, params in statements], "write": True})
+
+
+def _send(sock: socket.socket, request: dict) -> None:
+    body = json.dumps(request).encode()
     sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
@@ -56,8 +65,11 @@ def read_request(sock: socket.socket) -> dict[str, Any]:
     if size > MAX_REQUEST_BYTES:
         raise ValueError(f"request of {size} bytes is larger than {MAX_REQUEST_BYTES}")
     request = json.loads(_recv_exactly(sock, size))
+    if isinstance(request, dict) and isinstance(request.get("script"), list):
+        if all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) for s in request["script"]):
+            return request
     if not isinstance(request, dict) or not isinstance(request.get("sql"), str):
-        raise ValueError("request must be a JSON object with a string 'sql'")
+        raise ValueError("request must be a JSON object with a string 'sql' or a 'script' of [sql, params]")
     return request
 
 

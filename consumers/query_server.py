@@ -30,11 +30,24 @@ from rankstream.consumers.query_protocol import (
     sidecar_path,
 )
 
-__all__ = ["QueryServer", "execute_to_arrow", "server_socket"]
+__all__ = ["QueryServer", "execute_script", "execute_to_arrow", "server_socket"]
 
 
 def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     return [statement.type.name for statement in cursor.extract_statements(sql)]
+
+
+def execute_script(connection: duckdb.DuckDBPyConnection, statements) -> pa.Table:
+    """Run ``[(sql, params), ...]`` in one transaction: all of it commits, or none of it."""
+    connection.begin()
+    try:
+        for sql, params in statements:
+            connection.execute(sql, params if params else None)
+    except BaseException:
+        connection.rollback()
+        raise
+    connection.commit()
+    return pa.table({"ok": [True]})
 
 
 def execute_to_arrow(connection: duckdb.DuckDBPyConnection, sql: str, params) -> pa.Table:
@@ -59,7 +72,10 @@ class _Handler(socketserver.BaseRequestHandler):
                 send_error(sock, f"bad request: {exc}")
                 return
             try:
-                table = self.server.run(request["sql"], request.get("params"), bool(request.get("write")))
+                if "script" in request:
+                    table = self.server.run_script(request["script"], bool(request.get("write")))
+                else:
+                    table = self.server.run(request["sql"], request.get("params"), bool(request.get("write")))
             except duckdb.Error as exc:
                 send_error(sock, f"{type(exc).__name__}: {exc}")
                 continue
@@ -90,6 +106,16 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                     f"this session is read-only: {', '.join(t for t in types if t not in READ_STATEMENT_TYPES)} "
                     "statements need write access (rankstream sql --write)")
             return execute_to_arrow(cursor, sql, params)
+        finally:
+            cursor.close()
+
+
+    def run_script(self, statements, write: bool):
+        if not write:
+            raise PermissionError("a script writes: it needs a write session")
+        cursor = self._connection.cursor()
+        try:
+            return execute_script(cursor, statements)
         finally:
             cursor.close()
 

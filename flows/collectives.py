@@ -514,25 +514,25 @@ def verdict(findings: list[Finding], incomplete: bool = False) -> str:
     return "healthy"
 
 
+def findings_rows(run_id: str, findings: list[Finding]) -> list[dict]:
+    """The ``findings`` table's rows for a run, in reporting order."""
+    return [{"run_id": run_id, "position": position, "kind": f.kind, "pg_name": f.group, "pg_desc": f.group_desc,
+             "seq": f.seq, "culprit_ranks": f.culprit_ranks, "ranks_involved": f.ranks_involved,
+             "expected": json.dumps(f.expected, default=str), "actual": json.dumps(f.actual, default=str),
+             "detail": f.detail} for position, f in enumerate(findings)]
+
+
+#: Inserts ``findings_rows`` sent as one JSON parameter (through the query server, which takes SQL only).
+INSERT_FINDINGS_JSON_SQL = """
+INSERT INTO findings BY NAME
+SELECT unnest(from_json($rows, '[{"run_id": "VARCHAR", "position": "INTEGER", "kind": "VARCHAR",
+    "pg_name": "VARCHAR", "pg_desc": "VARCHAR", "seq": "BIGINT", "culprit_ranks": "INTEGER[]",
+    "ranks_involved": "INTEGER[]", "expected": "VARCHAR", "actual": "VARCHAR", "detail": "VARCHAR"}]'), recursive := true)
+"""
+
+
 def store_findings(con: duckdb.DuckDBPyConnection, run_id: str, findings: list[Finding]) -> None:
     """Replace a run's rows in the ``findings`` table."""
     con.execute("DELETE FROM findings WHERE run_id = ?", [run_id])
-    if not findings:
-        return
-    import pyarrow as pa
-
-    table = pa.table({
-        "run_id": [run_id] * len(findings), "position": list(range(len(findings))),
-        "kind": [f.kind for f in findings], "pg_name": [f.group for f in findings],
-        "pg_desc": [f.group_desc for f in findings], "seq": pa.array([f.seq for f in findings], pa.int64()),
-        "culprit_ranks": pa.array([f.culprit_ranks for f in findings], pa.list_(pa.int32())),
-        "ranks_involved": pa.array([f.ranks_involved for f in findings], pa.list_(pa.int32())),
-        "expected": [json.dumps(f.expected, default=str) for f in findings],
-        "actual": [json.dumps(f.actual, default=str) for f in findings],
-        "detail": [f.detail for f in findings],
-    })
-    con.register("_findings", table)
-    try:
-        con.execute("INSERT INTO findings SELECT * FROM _findings")
-    finally:
-        con.unregister("_findings")
+    if findings:
+        con.execute(INSERT_FINDINGS_JSON_SQL, {"rows": json.dumps(findings_rows(run_id, findings))})

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import duckdb
 
-from rankstream.flows.collectives import Finding, build_collective_tables, findings_for_run, store_findings, verdict
+from rankstream.flows.collectives import (INSERT_FINDINGS_JSON_SQL, Finding, build_collective_tables, findings_for_run,
+                                          findings_rows, store_findings, verdict)
+from rankstream.flows.run_tables import replace_run_rows
 from rankstream.schemas.tables import ddl
 
 #: Rows gathered from dump files before one insert: big enough to insert fast, small enough to bound memory.
@@ -129,7 +131,11 @@ def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) 
         con.register("_rows", database.arrow(f"SELECT * FROM {table} WHERE run_id = ?", [run_id]))
         con.execute(f"INSERT INTO {table} SELECT * FROM _rows")
         con.unregister("_rows")
-    return analyze_run(con, run_id, mismatch_cap)
+    report = analyze_run(con, run_id, mismatch_cap)
+    # the findings go back to the live database (timeline markers, SQL); the rest stays private
+    replace_run_rows(db_path, run_id, "collectives", ["findings"], [INSERT_FINDINGS_JSON_SQL],
+                     rows=json.dumps(findings_rows(run_id, report.findings)))
+    return report
 
 
 def render_report(report: Report, console, *, stack_traces: bool = False, con=None) -> None:

@@ -1,8 +1,12 @@
 """Prefect flows over the plain analysis functions, for scheduled and triggered use.
 
-The logic lives in plain functions (``flows.diagnose``, ``flows.collectives``); these flows only
-wrap them as tasks, pass database paths and run ids (never rows) between tasks, and return the
-JSON reports. Prefect is imported only here, so nothing else in rankstream needs it.
+The logic lives in plain functions (``flows.merge``, ``flows.steps``, ``flows.comms``,
+``flows.breakdown``, ``flows.timeline``, ``flows.diagnose``); these flows only wrap them as tasks.
+Tasks pass the database path, run ids and file names, never rows: every analysis reads its inputs
+from DuckDB and writes its result tables there (through the materializer's query server while it
+runs). Prefect is imported only here and in ``rankstream.serve``, so nothing else needs it.
+
+Schedules live in ``deploy/prefect.yaml``; ``rankstream serve`` serves them.
 """
 
 from __future__ import annotations
@@ -13,8 +17,25 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from rankstream.flows.diagnose import analyze_stored
+from rankstream.flows.pipeline import ANALYSES, finished_runs_to_analyze
 
-__all__ = ["collective_diagnosis", "runs_with_flight_recorder_data"]
+__all__ = ["collective_diagnosis", "merge", "step_analysis", "communication_analysis", "breakdown_analysis",
+           "timeline", "run_analyses", "end_of_run", "recent_runs"]
+
+
+@task(cache_policy=NO_CACHE)
+def recent_runs(db_path: str, within_minutes: float = 60.0) -> list[str]:
+    """Runs that sent anything in the last ``within_minutes`` (all runs when 0): live runs and
+    runs that just ended."""
+    from rankstream.consumers.query import connect
+
+    return [run for (run,) in connect(Path(db_path)).fetchall("""
+        SELECT run_id FROM (
+            SELECT run_id, max(sent_ns) AS last_ns FROM heartbeats GROUP BY run_id
+            UNION ALL SELECT run_id, max(sent_ns) FROM rank_metadata GROUP BY run_id)
+        GROUP BY run_id
+        HAVING $1 <= 0 OR max(last_ns) >= epoch_ns(now()) - ($1 * 60e9)::BIGINT
+        ORDER BY run_id""", [within_minutes])]
 
 
 @task(cache_policy=NO_CACHE)
@@ -26,9 +47,66 @@ def runs_with_flight_recorder_data(db_path: str) -> list[str]:
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def analysis_task(db_path: str, run_id: str, analysis: str) -> str:
+    """One analysis of one run; returns the run id so later tasks can wait on it."""
+    ANALYSES[analysis](Path(db_path), run_id)
+    return run_id
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 def diagnose_run(db_path: str, run_id: str) -> dict:
-    """One run's report (see ``rankstream analyze collectives --json``)."""
+    """One run's collective report (see ``rankstream analyze collectives --json``)."""
     return analyze_stored(Path(db_path), run_id).as_json()
+
+
+@task(cache_policy=NO_CACHE)
+def timeline_task(db_path: str, run_id: str, output_dir: str, max_events: int) -> list[str]:
+    from rankstream.flows.timeline import write_timeline
+
+    result = write_timeline(Path(db_path), run_id, Path(output_dir) / f"{run_id}.json.gz", max_events=max_events)
+    return [str(path) for path in result.files]
+
+
+def _runs(db_path: str, run_ids: list[str] | None, within_minutes: float) -> list[str]:
+    return run_ids or recent_runs(db_path, within_minutes)
+
+
+@flow(name="rankstream-merge")
+def merge(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None, within_minutes: float = 60.0) -> list[str]:
+    """Per-rank clock offsets (barrier, FR, profiler) for the given or recently active runs."""
+    return [analysis_task(db_path, run, "merge") for run in _runs(db_path, run_ids, within_minutes)]
+
+
+@flow(name="rankstream-step-analysis")
+def step_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
+                  within_minutes: float = 60.0) -> list[str]:
+    """Merge, then step_trace and rank_slowness, per run."""
+    runs = _runs(db_path, run_ids, within_minutes)
+    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), "steps") for run in runs]
+
+
+@flow(name="rankstream-communication-analysis")
+def communication_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
+                           within_minutes: float = 60.0) -> list[str]:
+    """Merge, then comm_summary and comm_matrix, per run."""
+    runs = _runs(db_path, run_ids, within_minutes)
+    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), "communication") for run in runs]
+
+
+@flow(name="rankstream-breakdown-analysis")
+def breakdown_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
+                       within_minutes: float = 60.0) -> list[str]:
+    """Merge, then temporal_breakdown and op_stats, per run."""
+    runs = _runs(db_path, run_ids, within_minutes)
+    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), "breakdown") for run in runs]
+
+
+@flow(name="rankstream-timeline")
+def timeline(db_path: str = "rankstream.duckdb", output_dir: str = "timelines", run_ids: list[str] | None = None,
+             within_minutes: float = 60.0, max_events: int = 2_000_000) -> dict[str, list[str]]:
+    """Merge, then a Chrome trace per run in ``output_dir`` (split by step range past ``max_events``)."""
+    runs = _runs(db_path, run_ids, within_minutes)
+    return {run: timeline_task(db_path, analysis_task(db_path, run, "merge"), output_dir, max_events) for run in runs}
 
 
 @flow(name="rankstream-collective-diagnosis")
@@ -36,3 +114,31 @@ def collective_diagnosis(db_path: str = "rankstream.duckdb", run_ids: list[str] 
     """Match collectives across ranks and report desyncs, hangs and stragglers, run by run."""
     runs = run_ids or runs_with_flight_recorder_data(db_path)
     return {run: diagnose_run(db_path, run) for run in runs}
+
+
+@flow(name="rankstream-run-analyses")
+def run_analyses(db_path: str = "rankstream.duckdb", run_id: str = "", timeline_dir: str | None = None) -> dict:
+    """Everything for one run: merge, steps, communication, breakdown, collective diagnosis and,
+    with ``timeline_dir``, the timeline."""
+    for analysis in ANALYSES:
+        analysis_task(db_path, run_id, analysis)
+    out: dict = {"run_id": run_id}
+    if run_id in runs_with_flight_recorder_data(db_path):
+        out["collectives"] = diagnose_run(db_path, run_id)
+    if timeline_dir:
+        out["timeline"] = timeline_task(db_path, run_id, timeline_dir, 2_000_000)
+    return out
+
+
+@flow(name="rankstream-end-of-run")
+def end_of_run(db_path: str = "rankstream.duckdb", timeline_dir: str | None = None) -> list[str]:
+    """The end-of-run trigger: every run whose ranks have all sent their final heartbeat gets its
+    analyses once (marked ``end_of_run`` in ``analyses_done``). Scheduled every few seconds."""
+    from rankstream.flows.run_tables import replace_run_rows
+
+    done = []
+    for run in finished_runs_to_analyze(Path(db_path)):
+        run_analyses(db_path, run, timeline_dir)
+        replace_run_rows(Path(db_path), run, "end_of_run", [], [])
+        done.append(run)
+    return done

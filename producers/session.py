@@ -111,7 +111,8 @@ class RankSession:
             try:
                 store = dist.distributed_c10d._get_default_store()
                 sample = sample_clock(store, self.run_id, round_number, self.world_size, self._clock_timeout)
-                self.producer.emit_rank_metadata(clock_sync_ns=sample.sync_ns, clock_error_ns=sample.error_ns)
+                self.producer.emit_rank_metadata(clock_sync_ns=sample.sync_ns, clock_error_ns=sample.error_ns,
+                                                 clock_round=sample.round)
                 self.clock_samples += 1
             except Exception as exc:  # a peer did not join within the timeout, or the store is gone
                 self.clock_failures += 1

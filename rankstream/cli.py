@@ -225,6 +225,117 @@ def analyze_collectives(
     _finish_report(analyze_stored(config().db_path, run, mismatch_cap), as_json)
 
 
+@analyze_app.command("run")
+def analyze_run_command(
+    run: str = typer.Option(..., "--run", help="The run to analyze."),
+    only: Optional[str] = typer.Option(None, help="Only these analyses: merge, steps, communication, breakdown."),
+) -> None:
+    """Merge clocks, then step, communication and breakdown analyses (and collective diagnosis when
+    the run has Flight Recorder data); results go to their tables."""
+    from rankstream.flows.pipeline import ANALYSES, analyze_everything
+
+    db_path = config().db_path
+    if only:
+        names = [n.strip() for n in only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in ANALYSES]
+        if unknown:
+            raise typer.BadParameter(f"--only: unknown analyses {unknown}; choose from {', '.join(ANALYSES)}")
+        from rankstream.flows.run_tables import require_run
+
+        require_run(db_path, run)
+        for name in names:
+            ANALYSES[name](db_path, run)
+        console.print(f"analyzed {run}: {', '.join(names)}")
+        return
+    seconds = analyze_everything(db_path, run)
+    console.print(f"analyzed {run}: " + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
+
+
+@app.command()
+def report(
+    run: str = typer.Argument(..., help="The run to report on."),
+    compare: Optional[str] = typer.Option(None, "--compare", help="Another run: show what changed from RUN to it."),
+    refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="Re-run the analyses first."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The run's step, slowness, communication and breakdown analyses as text."""
+    from rankstream.flows.breakdown import compare_runs
+    from rankstream.flows.pipeline import analyze_everything
+    from rankstream.flows.report import gather_report, render_comparison, render_run_report
+
+    db_path = config().db_path
+    if refresh:
+        for name in (run, compare) if compare else (run,):
+            analyze_everything(db_path, name)
+    data = gather_report(db_path, run)
+    comparison = compare_runs(db_path, run, compare) if compare else None
+    if as_json:
+        sys.stdout.write(json.dumps({"run": run, **data, **({"comparison": comparison} if compare else {})},
+                                    default=str) + "\n")
+        return
+    render_run_report(run, data, console)
+    if compare:
+        render_comparison(run, compare, comparison, console)
+
+
+@app.command()
+def timeline(
+    run: str = typer.Option(..., "--run", help="The run to draw."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output file, .json or .json.gz."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. '0,3'."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Steps a:b (inclusive)."),
+    window: Optional[str] = typer.Option(None, "--window", help="Seconds t0:t1 after the run's first event."),
+    max_events: int = typer.Option(2_000_000, "--max-events", min=1000,
+                                   help="Past this many events, split the output into files by step range."),
+) -> None:
+    """Write the run as a Chrome trace (chrome://tracing, Perfetto), all ranks on one clock."""
+    from rankstream.flows.timeline import write_timeline
+
+    if steps and window:
+        raise typer.BadParameter("give --steps or --window, not both")
+    result = write_timeline(config().db_path, run, output, ranks=sorted(_ranks(ranks)) if ranks else None,
+                            steps=steps, window=window, max_events=max_events)
+    if result.split:
+        console.print(f"{result.events:,} events are more than --max-events {max_events:,}: "
+                      f"split into {len(result.files)} files by step range")
+    for path, (first, last) in zip(result.files, result.step_ranges):
+        label = f"steps {first}-{last}" if first is not None else "time slice"
+        console.print(f"wrote {path} ({label})")
+
+
+@app.command("check-trace")
+def check_trace(files: list[Path] = typer.Argument(..., help="Chrome trace JSON files (.json or .json.gz).")) -> None:
+    """Check files against the Chrome trace event format. Exit 1 if any has problems."""
+    from rankstream.flows.chrome_trace import check_chrome_trace
+
+    failed = False
+    for path in files:
+        problems, summary = check_chrome_trace(path)
+        if problems:
+            failed = True
+            for problem in problems:
+                console.print(f"{path}: {problem}", markup=False)
+        else:
+            console.print(f"{path}: ok, {summary['events']:,} events, {len(summary['pids'])} processes")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("serve")
+def serve_command(
+    prefect_file: Optional[Path] = typer.Option(None, "--prefect-file", help="Deployments and schedules "
+                                                "(default: rankstream's deploy/prefect.yaml)."),
+) -> None:
+    """Run the analysis flows on their schedules (starts a local Prefect server unless
+    PREFECT_API_URL is set; stops it on exit)."""
+    from rankstream.serve import DEFAULT_PREFECT_FILE, serve
+
+    def ready(url: str, names: list[str]) -> None:
+        console.print(f"serving {len(names)} deployments against {url}: {', '.join(names)} (Ctrl-C stops)")
+
+    serve(config(), prefect_file or DEFAULT_PREFECT_FILE, on_ready=ready)
+
+
 # -- queries --------------------------------------------------------------------------------------
 def _print_table(table, output: str) -> None:
     rows = table.to_pylist()

@@ -331,3 +331,17 @@ def env_flag(name: str, default: bool = False) -> bool:
     if value is None:
         return default
     return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect API the user configured (``PREFECT_API_URL``), if any."""
+    return os.environ.get("PREFECT_API_URL") or None
+
+
+def prefect_server_environment(home: Path) -> dict[str, str]:
+    """Environment for a local ``prefect server start`` that rankstream runs itself: its own home
+    (database and logs under ``home``), no analytics, nothing inherited that points elsewhere."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILES_PATH")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING")
+    return env

@@ -91,8 +91,9 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
                 with rankstream.span("forward"):
                     hidden = model[1](model[0](inputs))
                     if my_pair is not None:
-                        gathered = [torch.empty_like(hidden) for _ in range(2)]
-                        dist.all_gather(gathered, hidden.detach(), group=my_pair)
+                        with rankstream.span("tp_all_gather"):
+                            gathered = [torch.empty_like(hidden) for _ in range(2)]
+                            dist.all_gather(gathered, hidden.detach(), group=my_pair)
                     loss = torch.nn.functional.cross_entropy(model[2](hidden), targets)
                 if faulty and spec.fault == "crash" and step == middle:
                     report["emitted_1s_before_kill"] = session.producer.stats().events_emitted

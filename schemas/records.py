@@ -135,6 +135,7 @@ _RANK_META = {
     "backend_version": (text, False),
     "clock_sync_ns": (integer, False),
     "clock_error_ns": (integer, False),
+    "clock_round": (integer, False),
     "metadata": (json_object, False),
 }
 

@@ -68,3 +68,14 @@ def live(tmp_path_factory):
     up(config)
     yield config
     down(config)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    """Prefect's test harness (a temporary API and database), once per session."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness():
+        yield

@@ -11,18 +11,6 @@ from ..unit.test_collectives import write_job
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="session")
-def prefect_harness(tmp_path_factory):
-    import os
-
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness():
-        yield
-
-
 def test_flow_reports_every_run_in_the_database(tmp_path, prefect_harness):
     from rankstream.flows.prefect_flows import collective_diagnosis
 

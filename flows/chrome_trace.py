@@ -1,0 +1,88 @@
+"""Checks a file against the Chrome trace event format, as chrome://tracing and Perfetto read it.
+
+Used by the tests on every timeline rankstream writes, and available to users
+(``rankstream timeline --check FILE``) for any trace. It loads the file whole: it is a checker,
+not part of the streaming path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from numbers import Number
+from pathlib import Path
+
+__all__ = ["check_chrome_trace", "PHASES"]
+
+#: Every phase the format defines.
+PHASES = set("BEXiIbneCMsStfPNODVvRc") | {"(", ")"}
+_NEEDS_NAME = set("BXiICbnesSftPNOD")
+_SCOPES = {"g", "p", "t"}
+
+
+def _load(path: Path):
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def check_chrome_trace(path: Path | str, limit: int = 20) -> tuple[list[str], dict]:
+    """(problems, summary): up to ``limit`` problems, and counts of events by phase and of pids."""
+    path = Path(path)
+    try:
+        data = _load(path)
+    except (OSError, ValueError, EOFError) as exc:
+        return [f"{path}: not readable as JSON: {exc}"], {}
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        return [f"{path}: expected a JSON array or an object with a traceEvents array"], {}
+    problems: list[str] = []
+    stacks: dict[tuple, list[str]] = {}
+    phases: dict[str, int] = {}
+    pids: set = set()
+
+    def problem(index: int, text: str) -> None:
+        if len(problems) < limit:
+            problems.append(f"event {index}: {text}")
+
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            problem(index, "not an object")
+            continue
+        ph = event.get("ph")
+        if ph not in PHASES:
+            problem(index, f"unknown phase {ph!r}")
+            continue
+        phases[ph] = phases.get(ph, 0) + 1
+        if ph in _NEEDS_NAME and not isinstance(event.get("name"), str):
+            problem(index, f"phase {ph} needs a string name")
+        if ph != "M" and not isinstance(event.get("ts"), Number):
+            problem(index, "ts must be a number")
+        for key in ("pid", "tid"):
+            if key in event and not isinstance(event[key], (int, str)):
+                problem(index, f"{key} must be an integer or a string")
+        pids.add(event.get("pid"))
+        if "args" in event and not isinstance(event["args"], dict):
+            problem(index, "args must be an object")
+        if ph == "X" and not (isinstance(event.get("dur"), Number) and event["dur"] >= 0):
+            problem(index, "complete event needs a non-negative number dur")
+        if ph in ("i", "I") and event.get("s", "t") not in _SCOPES:
+            problem(index, f"instant scope {event.get('s')!r} is not g, p or t")
+        if ph == "C" and not all(isinstance(v, Number) for v in (event.get("args") or {}).values()):
+            problem(index, "counter args must be numbers")
+        if ph in ("s", "t", "f", "b", "n", "e") and "id" not in event and "id2" not in event:
+            problem(index, f"phase {ph} needs an id")
+        if ph == "M" and not isinstance(event.get("args"), dict):
+            problem(index, "metadata event needs args")
+        if ph in ("B", "E"):
+            stack = stacks.setdefault((event.get("pid"), event.get("tid")), [])
+            if ph == "B":
+                stack.append(event.get("name"))
+            elif not stack:
+                problem(index, "E with no open B on its thread")
+            else:
+                stack.pop()
+    for (pid, tid), stack in stacks.items():
+        if stack:
+            problems.append(f"pid {pid} tid {tid}: {len(stack)} B event(s) never ended ({stack[-1]!r} last)")
+    return problems[:limit], {"events": len(events), "phases": phases, "pids": sorted(p for p in pids if p is not None)}

@@ -1,0 +1,55 @@
+"""The run analyses in their order: merge first (every other analysis reads the aligned clock),
+then steps, communication and breakdowns, then collective diagnosis when the run has FR data.
+
+Plain functions: the Prefect flows (``flows.prefect_flows``), ``rankstream analyze`` and
+``rankstream report`` all call these.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rankstream.consumers.query import connect
+from rankstream.flows.breakdown import analyze_breakdown
+from rankstream.flows.comms import analyze_communication
+from rankstream.flows.merge import merge_run
+from rankstream.flows.run_tables import require_run
+from rankstream.flows.steps import analyze_steps
+
+__all__ = ["ANALYSES", "analyze_everything", "finished_runs_to_analyze"]
+
+#: name -> function(db_path, run_id); the order is the dependency order.
+ANALYSES = {
+    "merge": merge_run,
+    "steps": analyze_steps,
+    "communication": analyze_communication,
+    "breakdown": analyze_breakdown,
+}
+
+
+def analyze_everything(db_path: Path, run_id: str, collectives: bool = True) -> dict[str, float]:
+    """Run every analysis for ``run_id``; returns seconds per analysis."""
+    require_run(db_path, run_id)
+    seconds = {}
+    for name, analysis in ANALYSES.items():
+        started = time.perf_counter()
+        analysis(db_path, run_id)
+        seconds[name] = time.perf_counter() - started
+    if collectives and connect(db_path).fetchall("SELECT count(*) > 0 FROM fr_entries WHERE run_id = $1", [run_id])[0][0]:
+        from rankstream.flows.diagnose import analyze_stored
+
+        started = time.perf_counter()
+        analyze_stored(db_path, run_id)
+        seconds["collectives"] = time.perf_counter() - started
+    return seconds
+
+
+def finished_runs_to_analyze(db_path: Path) -> list[str]:
+    """Runs whose ranks have all sent their final heartbeat and that were not analyzed since
+    (the end-of-run trigger)."""
+    return [run for (run,) in connect(db_path).fetchall("""
+        SELECT r.run_id FROM runs r
+        WHERE r.ended_at IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM analyses_done a WHERE a.run_id = r.run_id AND a.analysis = 'end_of_run')
+        ORDER BY r.started_at""")]

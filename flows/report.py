@@ -1,0 +1,108 @@
+"""``rankstream report RUN``: the run's analyses as text (or one JSON object).
+
+Reads the result tables the analyses wrote (``flows.pipeline.analyze_everything`` refreshes them
+first unless asked not to) and prints, in the order someone chasing a slow step reads them:
+clock alignment, step time and its phases, who is slow, communication, the compute /
+communication / idle breakdown, the top ops and their spread across ranks, and the collective
+findings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rankstream.consumers.query import connect
+
+__all__ = ["gather_report", "render_run_report", "render_comparison"]
+
+_SECTIONS = {
+    "clock": """
+        SELECT rank, source, offset_ns / 1e3 AS offset_us, error_ns / 1e3 AS error_us, samples, chosen, detail
+        FROM clock_offsets WHERE run_id = $1 ORDER BY rank, NOT chosen, source""",
+    "steps": """
+        SELECT rank, count(*) AS steps, avg(duration_ns) / 1e6 AS step_ms, avg(busy_ns) / 1e6 AS busy_ms,
+               avg(data_ns) / 1e6 AS data_ms, avg(forward_ns) / 1e6 AS forward_ms, avg(backward_ns) / 1e6 AS backward_ms,
+               avg(optimizer_ns) / 1e6 AS optimizer_ms, avg(communication_ns) / 1e6 AS comm_ms,
+               avg(other_ns) / 1e6 AS other_ms, avg(iteration_interval_ns) / 1e6 AS interval_ms,
+               avg(fp_bp_ns) / 1e6 AS fp_bp_ms, avg(tail_ns) / 1e6 AS tail_ms
+        FROM step_trace WHERE run_id = $1 GROUP BY rank ORDER BY rank""",
+    "slowest": """
+        SELECT ranking, rank, steps, mean_step_ns / 1e6 AS step_ms, mean_busy_ns / 1e6 AS busy_ms,
+               busy_vs_median, times_slowest
+        FROM rank_slowness WHERE run_id = $1 ORDER BY ranking""",
+    "communication": """
+        SELECT pg_name, pg_desc, op, calls, rank_entries, total_ns / 1e6 AS total_ms, mean_ns / 1e6 AS mean_ms,
+               mean_bytes, bandwidth_gb_s, wait_ns / 1e6 AS wait_ms, transfer_ns / 1e6 AS transfer_ms, time_source
+        FROM comm_summary WHERE run_id = $1 ORDER BY total_ns DESC NULLS LAST, total_bytes DESC""",
+    "matrix": """
+        SELECT kind, src_rank, dst_rank, ops, bytes, time_ns / 1e6 AS time_ms, bandwidth_gb_s
+        FROM comm_matrix WHERE run_id = $1 ORDER BY bytes DESC LIMIT 16""",
+    "breakdown": """
+        SELECT rank, span_ns / 1e6 AS span_ms, compute_pct, communication_pct, idle_pct, overlap_pct_of_comm
+        FROM temporal_breakdown WHERE run_id = $1 ORDER BY rank""",
+    "top_ops": """
+        SELECT position, name, ranks, calls, total_ns / 1e6 AS total_ms, mean_rank_ns / 1e6 AS per_rank_ms,
+               max_rank, spread
+        FROM op_stats WHERE run_id = $1 ORDER BY position LIMIT 12""",
+    "findings": """
+        SELECT position, kind, pg_name, pg_desc, seq, culprit_ranks, detail
+        FROM findings WHERE run_id = $1 ORDER BY position LIMIT 20""",
+}
+
+_TITLES = {
+    "clock": "Clock offsets (rank clock - reference clock; chosen source first)",
+    "steps": "Step time and phases per rank (means)",
+    "slowest": "Slowest ranks (busy = step time not spent communicating)",
+    "communication": "Communication per group and op",
+    "matrix": "Communication matrix (top pairs by bytes)",
+    "breakdown": "Temporal breakdown per rank (% of traced span)",
+    "top_ops": "Top ops (all ranks) and their spread across ranks",
+    "findings": "Collective findings",
+}
+
+
+def gather_report(db_path: Path, run_id: str) -> dict[str, list[dict]]:
+    """Every section's rows, by section name."""
+    database = connect(db_path)
+    return {name: database.arrow(sql, [run_id]).to_pylist() for name, sql in _SECTIONS.items()}
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    return str(value)
+
+
+def _table(title: str, rows: list[dict]) -> Table:
+    view = Table(*rows[0].keys(), title=title, title_justify="left", show_lines=False)
+    for row in rows:
+        view.add_row(*[_cell(v) for v in row.values()])
+    return view
+
+
+def render_run_report(run_id: str, report: dict[str, list[dict]], console: Console) -> None:
+    console.print(f"[bold]run {run_id}[/]")
+    for name, rows in report.items():
+        if rows:
+            console.print(_table(_TITLES[name], rows))
+        else:
+            console.print(f"{_TITLES[name]}: [dim]no data[/]")
+    slowest = report.get("slowest") or []
+    if len(slowest) > 1:
+        top = slowest[0]
+        console.print(f"slowest rank: [bold]{top['rank']}[/] ({top['busy_vs_median']:.2f}x the median rank's busy time, "
+                      f"slowest in {top['times_slowest']} of {top['steps']} steps)")
+
+
+def render_comparison(run_a: str, run_b: str, rows: list[dict], console: Console) -> None:
+    if rows:
+        console.print(_table(f"{run_a} -> {run_b}", rows))
+    else:
+        console.print(f"{run_a} -> {run_b}: nothing to compare (analyze both runs first)")

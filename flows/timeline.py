@@ -1,0 +1,268 @@
+"""Timeline: a run as a Chrome trace (chrome://tracing, Perfetto), written as a stream.
+
+``write_timeline`` reads the run on the aligned clock (``flows.merge``) and writes one JSON object
+``{"traceEvents": [...], "otherData": {...}}``, ``.json`` or ``.json.gz``:
+
+* per rank a process (pid = rank) named and sorted by rank, its threads named as the rank named them;
+* every span as a complete (``X``) event: B/E pairs are matched in SQL first (``run_intervals``),
+  so the file never holds an unmatched B or E, even when a rank died inside a span;
+* instants, counters (memory, user counters) as they were;
+* each rank's Flight Recorder collectives as slices on one "collectives" track per group (an
+  instant where the backend records no completion time, as gloo does);
+* the run's findings (desyncs, hangs, stragglers) and live findings as global instant markers.
+
+Timestamps are microseconds since the run's first event (``otherData.t0_ns`` gives the epoch),
+which keeps nanosecond digits that absolute microseconds would lose in a double.
+
+The file is built in SQL, one (part, rank) slice at a time, and written as it comes, so memory is
+bounded by the largest slice, not by the run. Where MindSpore silently truncates at its
+``timeline_limit``, a cap (``max_events``) here splits the output into several files by step range
+and says so in the result.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from rankstream.consumers.query import connect
+from rankstream.errors import BadInput
+from rankstream.flows.run_tables import ensure_schema
+
+__all__ = ["write_timeline", "TimelineResult", "COLLECTIVES_TID_BASE"]
+
+#: Collectives tracks use tids far above any OS thread id, one per process group.
+COLLECTIVES_TID_BASE = 1 << 40
+_US = "round(({ts} - $t0) / 1000.0, 3)"
+
+_EVENTS_SQL = f"""
+WITH window_events AS (
+    SELECT * FROM aligned_events WHERE run_id = $run AND rank = $rank AND ts_ns >= $lo AND ts_ns < $hi
+)
+SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'X', ts: {_US.format(ts="start_ns")},
+                dur: round((end_ns - start_ns) / 1000.0, 3), pid: rank, tid: tid,
+                args: CASE WHEN unfinished THEN json_merge_patch(coalesce(TRY_CAST(args AS JSON), '{{}}'),
+                                                                 '{{"unfinished": true}}')
+                           ELSE coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON) END}}) AS line
+FROM run_intervals($run) WHERE rank = $rank AND start_ns >= $lo AND start_ns < $hi
+UNION ALL
+SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'i', s: 't', ts: {_US.format(ts="ts_ns")}, pid: pid, tid: tid,
+                args: coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON)}})
+FROM window_events WHERE ph IN ('i', 'I', 'n')
+UNION ALL
+SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'C', ts: {_US.format(ts="ts_ns")}, pid: pid, tid: tid,
+                args: coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON)}})
+FROM window_events WHERE ph = 'C'
+UNION ALL
+SELECT to_json({{name: name, cat: coalesce(cat, 'flow'), ph: ph, ts: {_US.format(ts="ts_ns")}, pid: pid, tid: tid,
+                id: flow_id, bp: 'e'}})
+FROM window_events WHERE ph IN ('s', 't', 'f') AND flow_id IS NOT NULL
+UNION ALL
+SELECT CASE WHEN end_ns > start_ns
+    THEN to_json({{name: op || ' #' || coalesce(seq, record_id), cat: 'collective', ph: 'X',
+                  ts: {_US.format(ts="start_ns")}, dur: round((end_ns - start_ns) / 1000.0, 3), pid: rank,
+                  tid: $base + list_position($pgs, pg_name), args: {{pg: pg_name, pg_desc: pg_desc, seq: seq,
+                  record_id: record_id, bytes: bytes, state: state}}}})
+    ELSE to_json({{name: op || ' #' || coalesce(seq, record_id), cat: 'collective', ph: 'i', s: 't',
+                  ts: {_US.format(ts="start_ns")}, pid: rank, tid: $base + list_position($pgs, pg_name),
+                  args: {{pg: pg_name, pg_desc: pg_desc, seq: seq, record_id: record_id, bytes: bytes, state: state}}}})
+    END
+FROM run_fr_calls($run) c
+WHERE c.rank = $rank AND c.start_ns >= $lo AND c.start_ns < $hi
+"""
+
+_METADATA_SQL = """
+SELECT to_json({name: 'process_name', ph: 'M', ts: 0, pid: rank, tid: 0,
+                args: {name: 'rank ' || rank || coalesce(' (' || any_value(host) || ')', '')}}) AS line
+FROM (SELECT $rank AS rank, host FROM ranks WHERE run_id = $run AND rank = $rank UNION ALL SELECT $rank, NULL)
+GROUP BY rank
+UNION ALL
+SELECT to_json({name: 'process_sort_index', ph: 'M', ts: 0, pid: $rank, tid: 0, args: {sort_index: $rank}})
+UNION ALL
+SELECT to_json({name: 'thread_name', ph: 'M', ts: 0, pid: $rank, tid: tid, args: {name: arg_max(args->>'$.name', ts_ns)}})
+FROM trace_events WHERE run_id = $run AND rank = $rank AND ph = 'M' AND name = 'thread_name' GROUP BY tid
+UNION ALL
+SELECT to_json({name: 'thread_name', ph: 'M', ts: 0, pid: $rank, tid: $base + i,
+                args: {name: 'collectives: ' || coalesce($descs[i], '') || ' (pg ' || $pgs[i] || ')'}})
+FROM range(1, len($pgs) + 1) r(i)
+UNION ALL
+SELECT to_json({name: 'thread_sort_index', ph: 'M', ts: 0, pid: $rank, tid: $base + i, args: {sort_index: 100000 + i}})
+FROM range(1, len($pgs) + 1) r(i)
+"""
+
+_FINDINGS_SQL = """
+WITH placed AS (
+    SELECT f.position, f.kind, f.pg_name, f.seq, f.culprit_ranks, f.detail,
+           (SELECT min(c.start_ns) FROM run_fr_calls($run) c WHERE c.pg_name = f.pg_name AND c.seq = f.seq) AS ts_ns
+    FROM findings f WHERE f.run_id = $run
+    UNION ALL
+    SELECT NULL, 'live_' || kind, pg_name, seq, culprit_ranks, detail, since_ns - coalesce(
+           (SELECT offset_ns FROM rank_offsets($run) WHERE rank = culprit_ranks[1]), 0)
+    FROM live_findings WHERE run_id = $run
+)
+SELECT to_json({name: 'finding: ' || kind, cat: 'finding', ph: 'i', s: 'g',
+                ts: round((coalesce(ts_ns, $last) - $t0) / 1000.0, 3), pid: $pid, tid: 0,
+                args: {kind: kind, pg: pg_name, seq: seq, culprit_ranks: culprit_ranks, detail: detail}}) AS line
+FROM placed WHERE coalesce(ts_ns, $last) >= $lo AND coalesce(ts_ns, $last) < $hi
+"""
+
+
+@dataclass
+class TimelineResult:
+    files: list[Path] = field(default_factory=list)
+    events: int = 0
+    #: Steps covered by each file, when the output was split by step range.
+    step_ranges: list[tuple[int | None, int | None]] = field(default_factory=list)
+    split: bool = False
+
+
+@dataclass(frozen=True)
+class _Part:
+    lo: int
+    hi: int
+    first_step: int | None
+    last_step: int | None
+    events: int
+
+
+def _parse_range(text: str | None, what: str) -> tuple[float, float] | None:
+    if not text:
+        return None
+    try:
+        a, b = text.split(":", 1)
+        return float(a) if a else -math.inf, float(b) if b else math.inf
+    except ValueError:
+        raise BadInput(f"--{what} {text!r}: expected a:b") from None
+
+
+class _Writer:
+    """The JSON object, event by event, to a plain or gzip file."""
+
+    def __init__(self, path: Path, t0_ns: int, run_id: str) -> None:
+        self.path = path
+        opener = gzip.open if path.name.endswith(".gz") else open
+        self._file: IO[str] = opener(path, "wt", encoding="utf-8")
+        self._file.write('{"traceEvents": [\n')
+        self._first = True
+        self.events = 0
+        self._other = {"run_id": run_id, "t0_ns": t0_ns, "clock": "aligned (see clock_offsets)", "writer": "rankstream"}
+
+    def write_lines(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        self._file.write(("" if self._first else ",\n") + ",\n".join(lines))
+        self._first = False
+        self.events += len(lines)
+
+    def close(self) -> None:
+        self._file.write('\n],\n"displayTimeUnit": "ms",\n"otherData": ' + json.dumps(self._other) + "}\n")
+        self._file.close()
+
+
+def _part_path(output: Path, part: _Part, count: int) -> Path:
+    if count == 1:
+        return output
+    name = output.name
+    suffix = ".json.gz" if name.endswith(".json.gz") else (".json" if name.endswith(".json") else "")
+    stem = name[: len(name) - len(suffix)] if suffix else name
+    label = f"steps{part.first_step}-{part.last_step}" if part.first_step is not None else f"part{part.lo}"
+    return output.with_name(f"{stem}.{label}{suffix or '.json'}")
+
+
+def _plan(database, run_id: str, ranks: list[int], lo: int, hi: int, max_events: int) -> list[_Part]:
+    """Cut [lo, hi) into parts of at most ``max_events`` events, at step boundaries when the run has
+    steps (a step is never split), else at event-count quantiles."""
+    steps = database.fetchall("""
+        WITH s AS (SELECT step, min(start_ns) AS start_ns FROM run_steps($1) WHERE list_contains($2, rank) GROUP BY step),
+             e AS (SELECT step, count(*) AS n FROM trace_events WHERE run_id = $1 AND list_contains($2, rank) GROUP BY step)
+        SELECT s.step, s.start_ns, coalesce(e.n, 0) FROM s LEFT JOIN e USING (step)
+        WHERE s.start_ns >= $3 AND s.start_ns < $4 ORDER BY s.start_ns""", [run_id, ranks, lo, hi])
+    total = database.fetchall("SELECT count(*) FROM aligned_events WHERE run_id = $1 AND list_contains($2, rank) "
+                              "AND ts_ns >= $3 AND ts_ns < $4", [run_id, ranks, lo, hi])[0][0]
+    if total <= max_events:
+        return [_Part(lo, hi, steps[0][0] if steps else None, steps[-1][0] if steps else None, total)]
+    parts: list[_Part] = []
+    if steps:
+        start, first, count = lo, steps[0][0], 0
+        for index, (step, step_start, events) in enumerate(steps):
+            if count and count + events > max_events:
+                parts.append(_Part(start, step_start, first, steps[index - 1][0], count))
+                start, first, count = step_start, step, 0
+            count += events
+        parts.append(_Part(start, hi, first, steps[-1][0], count))
+        return parts
+    pieces = math.ceil(total / max_events)
+    cuts = database.fetchall("SELECT quantile_disc(ts_ns, $5) FROM aligned_events WHERE run_id = $1 "
+                             "AND list_contains($2, rank) AND ts_ns >= $3 AND ts_ns < $4",
+                             [run_id, ranks, lo, hi, [i / pieces for i in range(1, pieces)]])[0][0]
+    bounds = [lo, *cuts, hi]
+    return [_Part(a, b, None, None, 0) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int] | None = None,
+                   steps: str | None = None, window: str | None = None, max_events: int = 2_000_000) -> TimelineResult:
+    """Write ``run_id`` as Chrome trace JSON to ``output`` (``.json`` or ``.json.gz``).
+
+    ``steps`` ("a:b") keeps steps a to b inclusive; ``window`` ("t0:t1") keeps seconds t0 to t1
+    after the run's first event; ``ranks`` keeps those ranks. Past ``max_events`` trace events the
+    output is split into several files by step range (a step is never split; the FR slices,
+    findings and track names of a part come on top).
+    """
+    ensure_schema(db_path)
+    database = connect(db_path)
+    bounds = database.fetchall("SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)), list(DISTINCT rank ORDER BY rank) "
+                               "FROM aligned_events WHERE run_id = $1", [run_id])[0]
+    if bounds[0] is None:
+        raise BadInput(f"{db_path}: run {run_id!r} has no trace events")
+    t0, last, all_ranks = bounds
+    chosen = sorted(set(ranks) & set(all_ranks)) if ranks else all_ranks
+    if not chosen:
+        raise BadInput(f"--ranks: run {run_id!r} has ranks {all_ranks}, none of those asked for")
+    lo, hi = t0, last + 1
+    step_range = _parse_range(steps, "steps")
+    if step_range:
+        found = database.fetchall("SELECT min(start_ns), max(end_ns) FROM run_steps($1) WHERE step >= $2 AND step <= $3",
+                                  [run_id, step_range[0], step_range[1]])[0]
+        if found[0] is None:
+            raise BadInput(f"--steps {steps}: run {run_id!r} has no such steps")
+        lo, hi = found[0], found[1] + 1
+    time_range = _parse_range(window, "window")
+    if time_range:
+        lo = max(lo, t0 + int(max(time_range[0], 0) * 1e9))
+        hi = min(hi, t0 + int(min(time_range[1], 1e9) * 1e9))
+    groups = database.fetchall("SELECT pg_name, any_value(pg_desc) FROM fr_entries WHERE run_id = $1 "
+                               "GROUP BY pg_name ORDER BY TRY_CAST(pg_name AS BIGINT), pg_name", [run_id])
+    pgs, descs = [g[0] for g in groups], [g[1] for g in groups]  # track i (from 1) shows group pgs[i]
+    parts = _plan(database, run_id, chosen, lo, hi, max_events)
+    result = TimelineResult(split=len(parts) > 1)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
+        try:
+            for rank in chosen:
+                for sql in (_METADATA_SQL, _EVENTS_SQL):
+                    query, values = _positional(sql, {"run": run_id, "rank": rank, "lo": part.lo, "hi": part.hi,
+                                                      "t0": t0, "pgs": pgs, "descs": descs,
+                                                      "base": COLLECTIVES_TID_BASE})
+                    writer.write_lines(database.arrow(query, values).column(0).to_pylist())
+            sql, values = _positional(_FINDINGS_SQL, {"run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last,
+                                                      "pid": chosen[0]})  # global markers; pid only places them
+            writer.write_lines(database.arrow(sql, values).column(0).to_pylist())
+        finally:
+            writer.close()
+        result.files.append(writer.path)
+        result.events += writer.events
+        result.step_ranges.append((part.first_step, part.last_step))
+    return result
+
+
+def _positional(sql: str, values: dict) -> tuple[str, list]:
+    """Named ``$name`` parameters to DuckDB's positional ``$1..`` (the query protocol sends lists)."""
+    names = [name for name in values if f"${name}" in sql]
+    for name in sorted(names, key=len, reverse=True):  # $last before $la..., never a prefix clash
+        sql = sql.replace(f"${name}", f"${names.index(name) + 1}")
+    return sql, [values[name] for name in names]

@@ -1,0 +1,120 @@
+"""The analysis flows on real data: a 4-rank gloo job streamed through the real broker into the
+live materializer (analyses run through its query server), Prefect's test harness, and the
+schedules of ``rankstream serve`` on a real local Prefect server."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import duckdb
+import pytest
+
+from rankstream.config import config_env, load_config
+from rankstream.consumers.query import connect
+from rankstream.demo_job import JobSpec, start_job
+from rankstream.flows.chrome_trace import check_chrome_trace
+from rankstream.flows.timeline import write_timeline
+
+from ..unit.run_builder import build_run
+from .conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def wait_drained(database, run_id: str) -> None:
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() - stable_since < 2:
+        count = database.fetchall("SELECT count(*) FROM trace_events WHERE run_id = ?", [run_id])[0][0]
+        if count != last:
+            last, stable_since = count, time.monotonic()
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def straggler_run(live, tmp_path_factory):
+    """A 4-rank gloo job in which rank 2 sleeps before every step."""
+    spec = JobSpec(run_id=f"a-{uuid.uuid4().hex[:8]}", world_size=4, steps=10, fault="straggler", fault_rank=2,
+                   straggler_sleep_s=0.08, master_port=free_port(),
+                   report_dir=str(tmp_path_factory.mktemp("reports")))
+    for process in start_job(spec, config_env(live)):
+        process.join(180)
+    wait_drained(connect(live.db_path), spec.run_id)
+    return spec
+
+
+def test_the_slow_rank_ranks_first_and_the_run_merges_and_draws(live, straggler_run, prefect_harness, tmp_path):
+    from rankstream.flows.prefect_flows import run_analyses
+
+    run = straggler_run.run_id
+    out = run_analyses(str(live.db_path), run, str(tmp_path))  # through the live materializer's server
+    database = connect(live.db_path)
+    ranking = database.fetchall("SELECT rank FROM rank_slowness WHERE run_id = ? ORDER BY ranking", [run])
+    assert [r for (r,) in ranking][0] == straggler_run.fault_rank
+    steps = database.fetchall("SELECT count(*) FROM step_trace WHERE run_id = ? AND slowest_order = 1 AND rank = ?",
+                              [run, straggler_run.fault_rank])[0][0]
+    assert steps >= straggler_run.steps * 0.7
+    # one host, one clock: every rank's true offset is 0, and the barrier estimate must say so
+    for rank, source, offset, error in database.fetchall(
+            "SELECT rank, source, offset_ns, error_ns FROM clock_offsets WHERE run_id = ? AND chosen", [run]):
+        assert source == "barrier" and abs(offset) <= error, (rank, offset, error)
+    # the communication matrix adds up to the Flight Recorder entries
+    matrix, entries = database.fetchall("""
+        SELECT (SELECT sum(bytes) FROM comm_matrix WHERE run_id = $1 AND kind = 'collective'),
+               (SELECT sum(tensor_bytes(input_sizes, input_dtypes)) FROM fr_entries_latest WHERE run_id = $1)""",
+                                        [run])[0]
+    assert matrix == pytest.approx(entries)
+    (path,) = out["timeline"]
+    problems, summary = check_chrome_trace(path)
+    assert problems == [] and summary["pids"] == [0, 1, 2, 3]
+    assert out["collectives"]["verdict"] == "straggler"
+
+
+def test_timeline_cli_splits_and_the_checker_accepts_it(live, straggler_run, tmp_path):
+    from .conftest import cli
+
+    result = cli(live, "timeline", "--run", straggler_run.run_id, "-o", str(tmp_path / "t.json"), "--max-events", "1000")
+    files = re.findall(r"wrote (\S+)", result.stdout)
+    assert len(files) > 1 and "split into" in result.stdout
+    checked = cli(live, "check-trace", *files)
+    assert checked.stdout.count(": ok,") == len(files)
+    report = cli(live, "report", straggler_run.run_id, "--json")
+    data = __import__("json").loads(report.stdout)
+    assert data["slowest"][0]["rank"] == straggler_run.fault_rank
+
+
+def test_serve_runs_the_end_of_run_trigger_on_a_real_prefect_server(tmp_path):
+    db = tmp_path / "served.duckdb"
+    build_run(db, run_id="ended", finished=True)
+    build_run(db, run_id="running", finished=False)
+    prefect_file = tmp_path / "prefect.yaml"
+    prefect_file.write_text("deployments:\n  - name: end-of-run\n    entrypoint: flows/prefect_flows.py:end_of_run\n"
+                            "    schedules:\n      - interval: 2\n")
+    config = load_config({"db_path": db, "state_dir": tmp_path / "state"}, env={})
+    env = {k: v for k, v in {**os.environ, **config_env(config)}.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "client-home")
+    process = subprocess.Popen([sys.executable, "-m", "rankstream", "serve", "--prefect-file", str(prefect_file)],
+                               env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, done = None, []
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not done:
+            time.sleep(3)
+            done = connect(db, wait_s=60).fetchall("SELECT run_id FROM analyses_done WHERE analysis = 'end_of_run'")
+            assert process.poll() is None, process.stdout.read()
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+    url = re.search(r"against (http://\S+):", output)
+    assert done == [("ended",)], output[-3000:]  # the run still going was left alone
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM step_trace WHERE run_id = 'ended'").fetchall()[0][0] > 0
+    assert con.execute("SELECT count(*) FROM step_trace WHERE run_id = 'running'").fetchall()[0][0] == 0
+    con.close()
+    assert url, output
+    with pytest.raises(OSError):  # the server rankstream started is gone with it
+        urllib.request.urlopen(url.group(1) + "/health", timeout=2)

@@ -1,0 +1,198 @@
+"""The run analyses (merge, steps, communication, breakdown, timeline) on runs with known truth."""
+
+import gzip
+import json
+
+import duckdb
+import pytest
+
+from rankstream.errors import BadInput
+from rankstream.flows.breakdown import analyze_breakdown, compare_runs
+from rankstream.flows.chrome_trace import check_chrome_trace
+from rankstream.flows.comms import analyze_communication
+from rankstream.flows.merge import clock_offsets, merge_run
+from rankstream.flows.pipeline import analyze_everything
+from rankstream.flows.steps import analyze_steps
+from rankstream.flows.timeline import write_timeline
+
+from .run_builder import MS, PHASES, build_run
+
+
+def rows(db_path, sql, params=None):
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        return con.sql(sql, params=params).to_arrow_table().to_pylist()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "analyses.duckdb"
+
+
+def test_skewed_clocks_are_recovered_within_their_error_bound(db):
+    skew = {0: 0, 1: 37 * MS, 2: -250 * MS, 3: 1_500 * MS}
+    built = build_run(db, skew_ns=skew)
+    merge_run(db, built.run_id)
+    estimates = clock_offsets(db, built.run_id)
+    chosen = {e["rank"]: e for e in estimates if e["chosen"]}
+    assert set(chosen) == set(skew)
+    for rank, estimate in chosen.items():
+        truth = skew[rank] - skew[0]
+        assert estimate["source"] == "barrier"
+        assert abs(estimate["offset_ns"] - truth) <= estimate["error_ns"], (rank, estimate, truth)
+        assert estimate["error_ns"] < 400_000  # intersecting rounds is at least as tight as the best round
+    # the Flight Recorder cross-check agrees with the barrier within their combined uncertainty
+    fr = {e["rank"]: e for e in estimates if e["source"] == "flight_recorder"}
+    assert set(fr) == set(skew) and all(e["agrees"] for e in fr.values())
+    # the aligned view puts every rank's step markers back together
+    spread = rows(db, "SELECT max(ts_ns) - min(ts_ns) AS spread FROM aligned_events "
+                      "WHERE run_id = ? AND name = 'step' GROUP BY step", [built.run_id])
+    assert max(r["spread"] for r in spread) < 1 * MS + built.slow_ns  # only the slow rank's own lateness remains
+
+
+def test_aligned_view_namespaces_flow_and_correlation_ids_per_rank(db):
+    built = build_run(db, world_size=2, steps=1)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE trace_events SET flow_id = 7, correlation_id = 9 WHERE run_id = ?", [built.run_id])
+    con.close()
+    ids = rows(db, "SELECT DISTINCT rank, pid, flow_id, correlation_id FROM aligned_events WHERE run_id = ? "
+                   "ORDER BY rank", [built.run_id])
+    assert [r["pid"] for r in ids] == [0, 1]
+    assert len({r["flow_id"] for r in ids}) == 2 and len({r["correlation_id"] for r in ids}) == 2
+    assert all(r["flow_id"] & ((1 << 40) - 1) == 7 for r in ids)
+
+
+def test_step_trace_splits_each_step_into_its_phases_and_finds_the_slow_rank(db):
+    built = build_run(db, slow_rank=2, slow_ns=15 * MS, p2p=False)
+    merge_run(db, built.run_id)
+    analyze_steps(db, built.run_id)
+    steps = rows(db, "SELECT * FROM step_trace WHERE run_id = ? ORDER BY step, rank", [built.run_id])
+    assert len(steps) == built.world_size * built.steps
+    lengths = dict(PHASES)
+    for row in steps:
+        assert row["data_ns"] == lengths["data"] * MS
+        assert row["forward_ns"] == lengths["forward"] * MS
+        assert row["backward_ns"] == lengths["backward"] * MS
+        assert row["optimizer_ns"] == lengths["optimizer"] * MS
+        waited = 0 if row["rank"] == built.slow_rank else built.slow_ns
+        # the all-reduce span and the FR entry cover the same time: counted once
+        assert abs(row["communication_ns"] - (lengths["allreduce"] * MS + waited)) <= 20_000
+        slept = built.slow_ns if row["rank"] == built.slow_rank else 0
+        assert abs(row["other_ns"] - slept) <= 20_000
+        assert row["iteration_interval_ns"] == slept + lengths["data"] * MS
+    slowest = rows(db, "SELECT rank, ranking, times_slowest FROM rank_slowness WHERE run_id = ? ORDER BY ranking",
+                   [built.run_id])
+    assert slowest[0]["rank"] == built.slow_rank and slowest[0]["times_slowest"] == built.steps
+
+
+def test_unmatched_begin_is_closed_at_the_ranks_last_event_and_flagged(db):
+    built = build_run(db, world_size=2, steps=2)
+    con = duckdb.connect(str(db))
+    last = con.execute("SELECT max(ts_ns + dur_ns) FROM trace_events WHERE rank = 1").fetchall()[0][0]
+    con.execute("DELETE FROM trace_events WHERE rank = 1 AND name = 'data' AND ph = 'E' AND step = 1")
+    con.close()
+    spans = rows(db, "SELECT step, end_ns, unfinished FROM run_intervals(?) WHERE rank = 1 AND name = 'data' "
+                     "ORDER BY step", [built.run_id])
+    assert [s["unfinished"] for s in spans] == [False, True]
+    assert spans[1]["end_ns"] == last
+
+
+def test_communication_summary_and_matrix_add_up_to_the_flight_recorder_entries(db):
+    built = build_run(db, world_size=4, steps=5)
+    merge_run(db, built.run_id)
+    analyze_communication(db, built.run_id)
+    matrix = rows(db, "SELECT * FROM comm_matrix WHERE run_id = ?", [built.run_id])
+    for rank, total in built.fr_bytes.items():
+        sent = sum(m["bytes"] for m in matrix if m["kind"] == "collective" and m["src_rank"] == rank)
+        assert sent == pytest.approx(total)
+    p2p = {(m["src_rank"], m["dst_rank"]): m["bytes"] for m in matrix if m["kind"] == "p2p"}
+    assert p2p == {pair: pytest.approx(b) for pair, b in built.fr_send_bytes.items()}
+    summary = {r["op"]: r for r in rows(db, "SELECT * FROM comm_summary WHERE run_id = ?", [built.run_id])}
+    reduce = summary["all_reduce"]
+    assert reduce["calls"] == built.steps and reduce["rank_entries"] == built.steps * built.world_size
+    assert reduce["total_bytes"] == sum(built.fr_bytes.values())
+    assert reduce["time_source"] == "flight_recorder"
+    # peers of the slow rank wait for it in every all-reduce; the transfer itself is the rest
+    assert reduce["wait_ns"] == pytest.approx(built.slow_ns * built.steps * (built.world_size - 1), rel=0.01)
+    assert reduce["wait_ns"] + reduce["transfer_ns"] == pytest.approx(reduce["total_ns"], rel=0.001)
+
+
+def test_gloo_entries_without_times_take_their_time_from_the_backend_spans(db):
+    built = build_run(db, fr_times=False, p2p=False)
+    merge_run(db, built.run_id)
+    analyze_communication(db, built.run_id)
+    reduce = rows(db, "SELECT * FROM comm_summary WHERE run_id = ? AND op = 'all_reduce'", [built.run_id])[0]
+    assert reduce["time_source"] == "profiler"
+    assert reduce["mean_ns"] == pytest.approx(6 * MS + built.slow_ns * 3 / 4, rel=0.01)
+
+
+def test_temporal_breakdown_counts_nested_ops_once_and_overlap_where_they_meet(db):
+    built = build_run(db, world_size=2, steps=3, slow_rank=None)
+    merge_run(db, built.run_id)
+    analyze_breakdown(db, built.run_id)
+    lengths = dict(PHASES)
+    for row in rows(db, "SELECT * FROM temporal_breakdown WHERE run_id = ?", [built.run_id]):
+        compute = built.steps * ((lengths["forward"] - 2) + (lengths["backward"] - 2)) * MS  # the aten::mm ops
+        assert abs(row["compute_ns"] - compute) <= 1000
+        assert row["compute_ns"] + row["communication_ns"] - row["overlap_ns"] + row["idle_ns"] == row["span_ns"]
+    ops = rows(db, "SELECT name, ranks, calls, position FROM op_stats WHERE run_id = ? ORDER BY position", [built.run_id])
+    assert ops[0]["name"] == "aten::mm" and ops[0]["ranks"] == 2 and ops[0]["calls"] == 2 * 2 * built.steps
+
+
+def test_timeline_is_valid_chrome_json_with_every_rank_and_split_by_step_range(db, tmp_path):
+    built = build_run(db, steps=8)
+    analyze_everything(db, built.run_id)
+    whole = write_timeline(db, built.run_id, tmp_path / "t.json.gz")
+    problems, summary = check_chrome_trace(whole.files[0])
+    assert problems == [] and summary["pids"] == list(range(built.world_size))
+    assert "B" not in summary["phases"] and "E" not in summary["phases"]  # B/E pairs become X events
+    with gzip.open(whole.files[0], "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    collectives = [e for e in events if e.get("cat") == "collective"]
+    assert len(collectives) == len(rows(db, "SELECT * FROM fr_entries WHERE run_id = ?", [built.run_id]))
+    names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert any(n.startswith("collectives: default_pg") for n in names)
+    split = write_timeline(db, built.run_id, tmp_path / "s.json", max_events=100)
+    assert split.split and len(split.files) > 1
+    assert [p.name for p in split.files][0].startswith("s.steps0-")
+    total = 0
+    for path in split.files:
+        problems, summary = check_chrome_trace(path)
+        assert problems == [] and summary["pids"] == list(range(built.world_size))
+        total += sum(n for ph, n in summary["phases"].items() if ph != "M")
+    assert total == sum(n for ph, n in check_chrome_trace(whole.files[0])[1]["phases"].items() if ph != "M")
+    some = write_timeline(db, built.run_id, tmp_path / "r.json", ranks=[1, 3], steps="2:3")
+    problems, summary = check_chrome_trace(some.files[0])
+    assert problems == [] and summary["pids"] == [1, 3]
+    with pytest.raises(BadInput, match="no such steps"):
+        write_timeline(db, built.run_id, tmp_path / "x.json", steps="50:60")
+
+
+def test_the_trace_checker_finds_what_viewers_reject(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([{"ph": "B", "name": "a", "ts": 1, "pid": 0, "tid": 0},
+                                {"ph": "X", "name": "b", "ts": "2", "pid": 0, "tid": 0},
+                                {"ph": "C", "name": "c", "ts": 3, "pid": 0, "tid": 0, "args": {"v": "x"}}]))
+    problems, _ = check_chrome_trace(path)
+    assert any("ts must be a number" in p for p in problems)
+    assert any("dur" in p for p in problems)
+    assert any("counter args" in p for p in problems)
+    assert any("never ended" in p for p in problems)
+
+
+def test_two_runs_compare_step_time_and_ops(db):
+    fast = build_run(db, run_id="fast", slow_rank=None)
+    slow = build_run(db, run_id="slow", slow_rank=1, slow_ns=30 * MS)
+    for run in (fast, slow):
+        analyze_everything(db, run.run_id)
+    diff = {r["metric"]: r for r in compare_runs(db, "fast", "slow")}
+    assert diff["step: mean_ns"]["delta"] == pytest.approx(30 * MS, rel=0.01)
+    assert "op per step per rank: aten::mm" in diff
+
+
+def test_analyses_refuse_an_unknown_run(db):
+    build_run(db, world_size=2, steps=1)
+    with pytest.raises(BadInput, match="no data for run 'nope'"):
+        analyze_everything(db, "nope")
