@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-unit test-integration bench clean
+.PHONY: setup demo test test-unit test-integration bench bench-analysis clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ test-integration: setup
 bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/overhead.py
+
+# The analysis benchmark runs Holistic Trace Analysis as its peer. HTA's package requires jupyterlab;
+# only its runtime needs are installed here.
+bench-analysis: setup
+	$(PY) -m pip install -q pandas plotly networkx pydot
+	$(PY) -m pip install -q --no-deps HolisticTraceAnalysis==0.5.0
+	$(PY) bench/analysis.py
+	$(PY) bench/fr_vs_official.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .rankstream rankstream.duckdb*

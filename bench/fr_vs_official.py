@@ -18,43 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
-
-def run_measured(command: list[str], timeout_s: float) -> tuple[str, float, float, int]:
-    """(stdout+stderr, wall seconds, peak RSS in MB of the process tree, exit code)."""
-    started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0.0]
-    done = threading.Event()
-
-    def sample() -> None:
-        root = psutil.Process(process.pid)
-        while not done.wait(0.05):
-            try:
-                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-                peak[0] = max(peak[0], rss / 2**20)
-            except psutil.Error:
-                pass
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        output += "\n(timed out)"
-    done.set()
-    sampler.join()
-    return output, time.monotonic() - started, peak[0], process.returncode
+from measure import run_measured
 
 
 def official_culprits(output: str) -> tuple[str, list[int]]:

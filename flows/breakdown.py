@@ -5,8 +5,8 @@
 * ``temporal_breakdown``: per rank, over the rank's traced span, the time spent computing (torch
   ops and device kernels), communicating (collective ops and spans, FR collectives), both at
   once (overlap), and neither (idle). Times are unions of intervals, so nested ops count once;
-  the unions are computed by first merging each kind into islands with one sort, then merging the
-  (few) islands of both kinds.
+  the unions come from one sort of all intervals per rank (how far earlier intervals reach: a new
+  interval adds only what sticks out), plus a small sort of the communication intervals.
 * ``op_stats``: per op name, total time on each rank and its spread across ranks; the op a rank
   spends much longer in than its peers is where to look.
 
@@ -29,46 +29,44 @@ _WORK = ", ".join(f"'{c}'" for c in WORK_CATEGORIES)
 
 TEMPORAL_SQL = f"""
 INSERT INTO temporal_breakdown
-WITH names AS (
+WITH names AS MATERIALIZED (
     SELECT name, coalesce(event_phase(name) = 'communication', false) AS is_comm
     FROM (SELECT DISTINCT name FROM trace_events WHERE run_id = $run)
 ), work AS (
-    SELECT i.rank, CASE WHEN n.is_comm THEN 'communication' ELSE 'compute' END AS kind, i.start_ns, i.end_ns
+    SELECT i.rank, n.is_comm, i.start_ns, i.end_ns
     FROM run_intervals($run) i JOIN names n USING (name)
     WHERE i.cat IN ({_WORK}) OR n.is_comm
     UNION ALL
-    SELECT rank, 'communication', start_ns, end_ns FROM run_fr_calls($run) WHERE end_ns > start_ns
-), reach AS (
-    SELECT *, max(end_ns) OVER w AS covered_to FROM work
-    WINDOW w AS (PARTITION BY rank, kind ORDER BY start_ns, end_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-), numbered AS (
-    SELECT *, sum(CASE WHEN covered_to IS NULL OR start_ns > covered_to THEN 1 ELSE 0 END) OVER (
-              PARTITION BY rank, kind ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
-    FROM reach
-), islands AS (
-    SELECT rank, kind, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM numbered GROUP BY rank, kind, island
-), both_reach AS (
-    SELECT *, max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns, end_ns
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_to
-    FROM islands
-), totals AS (
+    SELECT rank, true, start_ns, end_ns FROM run_fr_calls($run) WHERE end_ns > start_ns
+), reach AS (  -- the one sort of every interval: how far the earlier ones (all, and compute only) reach
+    SELECT is_comm, rank, start_ns, end_ns, max(end_ns) OVER w AS covered_all,
+           max(end_ns) FILTER (WHERE NOT is_comm) OVER w AS covered_compute
+    FROM work WINDOW w AS (PARTITION BY rank ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+), comm_reach AS (  -- communication intervals are few: their own small sort
+    SELECT rank, start_ns, end_ns, max(end_ns) OVER (PARTITION BY rank ORDER BY start_ns
+                                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered
+    FROM work WHERE is_comm
+), totals AS (  -- a union's length: the part of each interval the earlier ones do not cover
     SELECT rank,
-           sum(end_ns - start_ns) FILTER (WHERE kind = 'compute') AS compute_ns,
-           sum(end_ns - start_ns) FILTER (WHERE kind = 'communication') AS communication_ns,
-           sum(greatest(0, end_ns - greatest(start_ns, coalesce(covered_to, start_ns)))) AS busy_ns
-    FROM both_reach GROUP BY rank
+           sum(greatest(0, end_ns - greatest(start_ns, coalesce(covered_compute, start_ns)))) FILTER (WHERE NOT is_comm)
+               AS compute_ns,
+           sum(greatest(0, end_ns - greatest(start_ns, coalesce(covered_all, start_ns)))) AS busy_ns
+    FROM reach GROUP BY rank
+), comm AS (
+    SELECT rank, sum(greatest(0, end_ns - greatest(start_ns, coalesce(covered, start_ns)))) AS communication_ns
+    FROM comm_reach GROUP BY rank
 ), spans AS (
-    SELECT rank, max(end_ns) - min(start_ns) AS span_ns FROM run_intervals($run) GROUP BY rank
+    SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) - min(ts_ns) AS span_ns FROM aligned_events
+    WHERE run_id = $run AND ph <> 'M' GROUP BY rank
+), parts AS (
+    SELECT s.rank, s.span_ns, coalesce(t.compute_ns, 0) AS compute_ns, coalesce(c.communication_ns, 0) AS comm_ns,
+           coalesce(t.busy_ns, 0) AS busy_ns
+    FROM spans s LEFT JOIN totals t USING (rank) LEFT JOIN comm c USING (rank)
 )
-SELECT $run, s.rank, s.span_ns, coalesce(t.compute_ns, 0), coalesce(t.communication_ns, 0),
-       coalesce(t.compute_ns, 0) + coalesce(t.communication_ns, 0) - coalesce(t.busy_ns, 0),
-       s.span_ns - coalesce(t.busy_ns, 0),
-       100.0 * coalesce(t.compute_ns, 0) / nullif(s.span_ns, 0),
-       100.0 * coalesce(t.communication_ns, 0) / nullif(s.span_ns, 0),
-       100.0 * (s.span_ns - coalesce(t.busy_ns, 0)) / nullif(s.span_ns, 0),
-       100.0 * (coalesce(t.compute_ns, 0) + coalesce(t.communication_ns, 0) - coalesce(t.busy_ns, 0))
-             / nullif(t.communication_ns, 0)
-FROM spans s LEFT JOIN totals t USING (rank)
+SELECT $run, rank, span_ns, compute_ns, comm_ns, compute_ns + comm_ns - busy_ns, span_ns - busy_ns,
+       100.0 * compute_ns / nullif(span_ns, 0), 100.0 * comm_ns / nullif(span_ns, 0),
+       100.0 * (span_ns - busy_ns) / nullif(span_ns, 0), 100.0 * (compute_ns + comm_ns - busy_ns) / nullif(comm_ns, 0)
+FROM parts
 """
 
 OP_STATS_SQL = f"""

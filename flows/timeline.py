@@ -14,8 +14,8 @@
 Timestamps are microseconds since the run's first event (``otherData.t0_ns`` gives the epoch),
 which keeps nanosecond digits that absolute microseconds would lose in a double.
 
-The file is built in SQL, one (part, rank) slice at a time, and written as it comes, so memory is
-bounded by the largest slice, not by the run. Where MindSpore silently truncates at its
+The file is built in SQL, one slice of at most ``SLICE_EVENTS`` events of one rank at a time, and
+written as it comes, so memory does not grow with the run. Where MindSpore silently truncates at its
 ``timeline_limit``, a cap (``max_events``) here splits the output into several files by step range
 and says so in the result.
 """
@@ -244,11 +244,10 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
         writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
         try:
             for rank in chosen:
-                for sql in (_METADATA_SQL, _EVENTS_SQL):
-                    query, values = _positional(sql, {"run": run_id, "rank": rank, "lo": part.lo, "hi": part.hi,
-                                                      "t0": t0, "pgs": pgs, "descs": descs,
-                                                      "base": COLLECTIVES_TID_BASE})
-                    writer.write_lines(database.arrow(query, values).column(0).to_pylist())
+                values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE}
+                writer.write_lines(_lines(database, _METADATA_SQL, values))
+                for lo, hi in _slices(database, run_id, rank, part.lo, part.hi):
+                    writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi}))
             sql, values = _positional(_FINDINGS_SQL, {"run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last,
                                                       "pid": chosen[0]})  # global markers; pid only places them
             writer.write_lines(database.arrow(sql, values).column(0).to_pylist())
@@ -258,6 +257,29 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
         result.events += writer.events
         result.step_ranges.append((part.first_step, part.last_step))
     return result
+
+
+#: Events fetched per query: what the writer holds in memory at once, whatever the run's size.
+SLICE_EVENTS = 100_000
+
+
+def _lines(database, sql: str, values: dict) -> list[str]:
+    query, params = _positional(sql, values)
+    return database.arrow(query, params).column(0).to_pylist()
+
+
+def _slices(database, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut so that each piece holds about ``SLICE_EVENTS`` of the rank's events."""
+    count = database.fetchall("SELECT count(*) FROM aligned_events WHERE run_id = $1 AND rank = $2 "
+                              "AND ts_ns >= $3 AND ts_ns < $4", [run_id, rank, lo, hi])[0][0]
+    if count <= SLICE_EVENTS:
+        return [(lo, hi)]
+    pieces = -(-count // SLICE_EVENTS)
+    cuts = database.fetchall("SELECT list_distinct(quantile_disc(ts_ns, $5)) FROM aligned_events WHERE run_id = $1 "
+                             "AND rank = $2 AND ts_ns >= $3 AND ts_ns < $4",
+                             [run_id, rank, lo, hi, [i / pieces for i in range(1, pieces)]])[0][0]
+    bounds = [lo, *sorted(c for c in cuts if lo < c < hi), hi]
+    return list(zip(bounds, bounds[1:]))
 
 
 def _positional(sql: str, values: dict) -> tuple[str, list]:

@@ -170,6 +170,17 @@ def test_timeline_is_valid_chrome_json_with_every_rank_and_split_by_step_range(d
         write_timeline(db, built.run_id, tmp_path / "x.json", steps="50:60")
 
 
+def test_timeline_fetched_in_small_slices_is_the_same_file(db, tmp_path, monkeypatch):
+    import rankstream.flows.timeline as timeline
+
+    built = build_run(db, steps=4)
+    whole = write_timeline(db, built.run_id, tmp_path / "whole.json")
+    monkeypatch.setattr(timeline, "SLICE_EVENTS", 7)
+    sliced = write_timeline(db, built.run_id, tmp_path / "sliced.json")
+    load = lambda path: sorted(json.dumps(e, sort_keys=True) for e in json.loads(path.read_text())["traceEvents"])
+    assert sliced.events == whole.events and load(sliced.files[0]) == load(whole.files[0])
+
+
 def test_the_trace_checker_finds_what_viewers_reject(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([{"ph": "B", "name": "a", "ts": 1, "pid": 0, "tid": 0},

@@ -1,0 +1,233 @@
+"""rankstream's analyses against Composer's trace merge and Holistic Trace Analysis, same inputs.
+
+1. **Merge against Composer.** N per-rank Composer traces (``bench/trace_files.py``, about
+   ``--merge-mb`` MB each). Composer's algorithm (``bench/composer_merge.py``) merges them into one
+   JSON file; rankstream imports them through the bus (broker and materializer already up, as in
+   production), aligns the clocks and writes the timeline. Wall time and peak RSS of each side's
+   processes (rankstream's includes its materializer) are printed, at ``--merge-mb`` and at twice
+   that, to show whether memory grows with the trace size.
+2. **Analysis against HTA.** Kineto traces of ``--hta-events`` events over 2 ranks: HTA loads them
+   and computes its temporal breakdown; rankstream imports the same files and runs its step
+   analysis and temporal breakdown. Then, on ``--events`` (default 10M) events already in DuckDB,
+   rankstream's step analysis plus temporal breakdown alone (target: 2 s).
+
+Usage: python bench/analysis.py [--merge-files 2] [--merge-mb 36] [--hta-events 400000] [--events 10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from measure import run_measured
+from trace_files import write_composer_trace, write_kineto_trace
+
+from rankstream.config import config_env, load_config
+from rankstream.deploy.services import down, up
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MaterializerRss:
+    """Peak RSS of the running materializer while the block runs (sampled every 50 ms)."""
+
+    def __init__(self, config) -> None:
+        import psutil
+
+        from rankstream.deploy.services import materializer_pid
+
+        self._process = psutil.Process(materializer_pid(config))
+        self._stop = threading.Event()
+        self.peak_mb = 0.0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak_mb = max(self.peak_mb, self._process.memory_info().rss / 2**20)
+
+    def __enter__(self) -> "MaterializerRss":
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _rankstream(config, *args, timeout=900) -> tuple[float, float]:
+    """(wall s, peak RSS MB of the command's process tree; the materializer is measured apart)."""
+    env = {**os.environ, **config_env(config)}
+    output, wall, rss, code = run_measured([sys.executable, "-m", "rankstream", *args], timeout, env)
+    if code != 0:
+        raise SystemExit(f"rankstream {' '.join(args)} failed:\n{output[-2000:]}")
+    return wall, rss
+
+
+def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
+    paths = [root / f"rank{r}.json" for r in range(files)]
+    events = sum(write_composer_trace(p, r, int(megabytes * 1e6), skew_us=1000 * r) for r, p in enumerate(paths))
+    output, composer_s, composer_mb, code = run_measured(
+        [sys.executable, str(HERE / "composer_merge.py"), str(root / "composer_merged.json"), *map(str, paths)], 1800)
+    if code != 0:
+        raise SystemExit(f"composer merge failed:\n{output[-2000:]}")
+    run = f"merge-{files}x{megabytes:g}"
+    with MaterializerRss(config) as materializer:
+        steps = [
+            _rankstream(config, "import", "trace", *map(str, paths), "--run", run),
+            _rankstream(config, "analyze", "run", "--run", run, "--only", "merge"),
+            _rankstream(config, "timeline", "--run", run, "-o", str(root / f"{run}.json")),
+        ]
+    return {"files": files, "mb_each": megabytes, "events": events, "composer_s": composer_s, "composer_mb": composer_mb,
+            "rankstream_s": sum(s for s, _ in steps), "import_s": steps[0][0], "merge_s": steps[1][0],
+            "timeline_s": steps[2][0], "rankstream_mb": max(m for _, m in steps),
+            "materializer_mb": materializer.peak_mb}
+
+
+HTA_SCRIPT = """
+import sys, time
+from hta.trace_analysis import TraceAnalysis
+started = time.perf_counter()
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+loaded = time.perf_counter()
+analysis.get_temporal_breakdown(visualize=False)
+print(f"HTA load_s={loaded - started:.3f} breakdown_s={time.perf_counter() - loaded:.3f}")
+"""
+
+
+def hta_round(root: Path, events: int, config) -> dict:
+    traces = root / "hta"
+    traces.mkdir()
+    for rank in range(2):
+        write_kineto_trace(traces / f"rank{rank}.json", rank, 2, events // 2)
+    result = {"events": events}
+    try:
+        import hta  # noqa: F401
+        output, wall, rss, code = run_measured([sys.executable, "-c", HTA_SCRIPT, str(traces)], 3600)
+        result.update(hta_s=wall if code == 0 else None, hta_mb=rss, hta_detail=output.strip().splitlines()[-1:])
+    except ImportError:
+        result.update(hta_s=None, hta_detail=["HolisticTraceAnalysis not installed (pip install --no-deps "
+                                              "HolisticTraceAnalysis pandas plotly networkx pydot)"])
+    run = "hta-traces"
+    with MaterializerRss(config) as materializer:
+        steps = [_rankstream(config, "import", "trace", *map(str, sorted(traces.glob("*.json"))), "--run", run),
+                 _rankstream(config, "analyze", "run", "--run", run, "--only", "merge,steps,breakdown")]
+    result.update(rankstream_s=sum(s for s, _ in steps), rankstream_mb=max(m for _, m in steps),
+                  materializer_mb=materializer.peak_mb,
+                  import_s=steps[0][0], analysis_s=steps[1][0])
+    return result
+
+
+def build_materialized(db: Path, events: int, ranks: int = 8) -> int:
+    """``events`` trace events of run 'big' written straight into a DuckDB file: ops, phase
+    annotations and step markers of ``ranks`` ranks. Returns the number of rows."""
+    import duckdb
+
+    from rankstream.schemas.tables import ddl
+
+    con = duckdb.connect(str(db))
+    con.execute(ddl())
+    con.execute("SET enable_progress_bar = false")
+    per_step = 1200  # ops per rank per step: groups of three nested ops (a CPU op calling two below it)
+    con.execute(f"""
+        INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, dur_ns, pid, tid, step)
+        SELECT 'big', (i % {ranks})::INT, CASE WHEN g % 50 = 49 THEN ['c10d::allreduce_', 'gloo:all_reduce', 'aten::copy_'][1 + level]
+                                          ELSE ['aten::linear', 'aten::addmm', 'aten::mm'][1 + level] END,
+               'cpu_op', 'X', 1700000000000000000 + g * 10000 + level * 1000 + (i % {ranks}) * 37,
+               9000 - level * 3000, 100 + (i % {ranks}), 1, (i // {ranks}) // {per_step}
+        FROM (SELECT i, (i // {ranks}) // 3 AS g, ((i // {ranks}) % 3)::INT AS level FROM range({events}) t(i))""")
+    steps = events // ranks // per_step
+    span = per_step // 3 * 10000  # a step's length in ns
+    con.execute(f"""
+        INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, dur_ns, pid, tid, step)
+        SELECT 'big', r::INT, p.name, 'user_annotation', 'X',
+               1700000000000000000 + s * {span} + p.from_pct * {span} // 100 + r * 37, p.len * {span} // 100, 100 + r, 1, s
+        FROM range({ranks}) a(r), range({steps}) b(s),
+             (VALUES ('forward', 0, 40), ('backward', 40, 45), ('optimizer', 85, 15)) p(name, from_pct, len)
+        UNION ALL
+        SELECT 'big', r::INT, 'step', 'step', 'i', 1700000000000000000 + s * {span} + r * 37, 0, 100 + r, 1, s
+        FROM range({ranks}) a(r), range({steps}) b(s)""")
+    total = con.execute("SELECT count(*) FROM trace_events").fetchall()[0][0]
+    con.close()
+    return total
+
+
+def materialized_round(root: Path, events: int) -> dict:
+    """Timed merge, step analysis and breakdown on ``events`` events already in DuckDB."""
+    from rankstream.flows.breakdown import analyze_breakdown
+    from rankstream.flows.merge import merge_run
+    from rankstream.flows.steps import analyze_steps
+
+    db = root / "materialized.duckdb"
+    total = build_materialized(db, events)
+    timings = {}
+    for name, function in (("merge", merge_run), ("steps", analyze_steps), ("breakdown", analyze_breakdown)):
+        started = time.perf_counter()
+        function(db, "big")
+        timings[name] = time.perf_counter() - started
+    return {"events": total, **timings}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--merge-files", type=int, default=2)
+    parser.add_argument("--merge-mb", type=float, default=36)
+    parser.add_argument("--hta-events", type=int, default=400_000)
+    parser.add_argument("--events", type=int, default=10_000_000)
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: merge, hta, materialized")
+    args = parser.parse_args()
+    skip = set(args.skip.split(","))
+    root = Path(tempfile.mkdtemp(prefix="rankstream-bench-analysis-"))
+    config = load_config({"db_path": root / "bench.duckdb", "state_dir": root / "state", "broker_port": _free_port(),
+                          "partitions": 4}, env={})
+    up(config)
+    try:
+        if "merge" not in skip:
+            print(f"== merge: {args.merge_files} Composer per-rank traces, import + merge + timeline vs Composer's merge")
+            for megabytes in (args.merge_mb, 2 * args.merge_mb):
+                (root / f"m{megabytes:g}").mkdir()
+                row = merge_round(root / f"m{megabytes:g}", args.merge_files, megabytes, config)
+                print(f"  {row['files']} x {row['mb_each']:g} MB ({row['events']:,} events): "
+                      f"composer {row['composer_s']:.1f} s / {row['composer_mb']:.0f} MB peak; "
+                      f"rankstream {row['rankstream_s']:.1f} s (import {row['import_s']:.1f}, merge {row['merge_s']:.1f}, "
+                      f"timeline {row['timeline_s']:.1f}), peak RSS {row['rankstream_mb']:.0f} MB per command, "
+                      f"materializer {row['materializer_mb']:.0f} MB; speedup {row['composer_s'] / row['rankstream_s']:.1f}x")
+        if "hta" not in skip:
+            row = hta_round(root, args.hta_events, config)
+            print(f"== HTA: {row['events']:,} Kineto events over 2 ranks")
+            if row.get("hta_s"):
+                print(f"  HTA load + temporal breakdown {row['hta_s']:.1f} s / {row['hta_mb']:.0f} MB "
+                      f"({' '.join(row['hta_detail'])}); {row['events'] / row['hta_s']:,.0f} events/s")
+            else:
+                print(f"  HTA not measured: {' '.join(row['hta_detail'])}")
+            print(f"  rankstream import + merge/steps/breakdown {row['rankstream_s']:.1f} s (import {row['import_s']:.1f}, "
+                  f"analyses {row['analysis_s']:.1f}), peak RSS {row['rankstream_mb']:.0f} MB per command, "
+                  f"materializer {row['materializer_mb']:.0f} MB; "
+                  + (f"speedup {row['hta_s'] / row['rankstream_s']:.1f}x" if row.get("hta_s") else ""))
+        if "materialized" not in skip:
+            row = materialized_round(root, args.events)
+            analysis = row["steps"] + row["breakdown"]
+            print(f"== on data already in DuckDB: {row['events']:,} events, 8 ranks")
+            print(f"  merge {row['merge']:.2f} s, step analysis {row['steps']:.2f} s, temporal breakdown + op stats "
+                  f"{row['breakdown']:.2f} s: steps + breakdown {analysis:.2f} s (target 2 s), "
+                  f"{row['events'] / analysis:,.0f} events/s")
+    finally:
+        down(config)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
