@@ -187,6 +187,10 @@ def prepare(records: list[Record]) -> PreparedBatch:
         position = (record.topic, record.partition)
         next_offsets[position] = max(next_offsets.get(position, 0), record.offset + 1)
         decoded = decode(record.value)
+        if not isinstance(decoded, DecodeFailure) and record.key is not None \
+                and parse_message_key(record.key) != (decoded.run_id, decoded.rank):
+            decoded = DecodeFailure(f"message key {record.key[:200]!r} does not match the envelope's run "
+                                    f"{decoded.run_id!r} rank {decoded.rank}", decoded.run_id, decoded.rank)
         if isinstance(decoded, DecodeFailure):
             rejects.append(_reject_row(record, decoded))
         elif decoded.key in seen:

@@ -13,6 +13,7 @@ import socket
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -129,10 +130,28 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
         console.print("\nsample query (rankstream sql, or rankstream.connect() in Python):")
         console.print(SAMPLE_SQL.replace("?", f"'{run_id}'"), style="cyan", markup=False, highlight=False)
         _show(database, console, None, SAMPLE_SQL, run_id)
-        return {"run_id": run_id, "exit_codes": codes, "reports": reports, "stored": stored}
+        timeline = _analyze(config, run_id, console)
+        return {"run_id": run_id, "timeline": timeline, "exit_codes": codes, "reports": reports, "stored": stored}
     finally:
         if started_here:
             console.print("stopped: " + ", ".join(down(config)))
+
+
+def _analyze(config: Config, run_id: str, console: Console) -> str:
+    """The run's analyses (through the live materializer), two report sections and a timeline."""
+    from rankstream.flows.pipeline import analyze_everything
+    from rankstream.flows.report import gather_report, render_run_report
+    from rankstream.flows.timeline import write_timeline
+
+    seconds = analyze_everything(config.db_path, run_id)
+    console.print(f"\nanalyses ({', '.join(f'{k} {v:.2f} s' for k, v in seconds.items())}):")
+    report = gather_report(config.db_path, run_id)
+    render_run_report(run_id, {k: report[k] for k in ("slowest", "findings")}, console)
+    path = Path(config.state_dir) / "timelines" / f"{run_id}.json.gz"
+    write_timeline(config.db_path, run_id, path)
+    console.print(f"timeline for chrome://tracing or ui.perfetto.dev: {path}\n"
+                  f"full report: rankstream report {run_id}")
+    return str(path)
 
 
 def _show(database, console: Console, title: str | None, sql: str, run_id: str) -> None:

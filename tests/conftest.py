@@ -30,3 +30,13 @@ def make_config(tmp_path: Path):
 @pytest.fixture
 def bus() -> MemoryBus:
     return MemoryBus(partitions=4)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", default=False,
+                     help="reliability suite: more fuzzed messages and fault rounds (slow)")
+
+
+@pytest.fixture
+def long_mode(request) -> bool:
+    return bool(request.config.getoption("--long"))
