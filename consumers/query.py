@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from rankstream.consumers.query_protocol import ServerError, read_response, send_request, send_script
-from rankstream.consumers.query_server import execute_script, execute_to_arrow, server_socket
+from rankstream.consumers.query_server import check_read_only, execute_script, execute_to_arrow, server_socket
 from rankstream.errors import DatabaseBusy, QueryError, RankstreamError
 
 __all__ = ["connect", "Database"]
@@ -74,7 +74,16 @@ class Database:
     # -- routing ---------------------------------------------------------------------------------
     def _run(self, sql: str, params: Sequence[Any] | None, write: bool) -> pa.Table:
         return self._route(lambda path: self._remote(path, sql, params, write),
-                           lambda: self._local_call(lambda con: execute_to_arrow(con, sql, params), write))
+                           lambda: self._local_call(lambda con: self._local_query(con, sql, params, write), write))
+
+    @staticmethod
+    def _local_query(connection, sql: str, params, write: bool) -> pa.Table:
+        if not write:
+            try:
+                check_read_only(connection, sql)
+            except PermissionError as exc:
+                raise QueryError(str(exc)) from None
+        return execute_to_arrow(connection, sql, params)
 
     def _route(self, remote, local):
         deadline = time.monotonic() + self.wait_s

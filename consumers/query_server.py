@@ -30,11 +30,23 @@ from rankstream.consumers.query_protocol import (
     sidecar_path,
 )
 
-__all__ = ["QueryServer", "execute_script", "execute_to_arrow", "server_socket"]
+__all__ = ["QueryServer", "check_read_only", "execute_script", "execute_to_arrow", "server_socket"]
 
 
 def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     return [statement.type.name for statement in cursor.extract_statements(sql)]
+
+
+def check_read_only(connection: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Refuse anything but SELECT/EXPLAIN in a read-only session (a read-only DuckDB file alone
+    would still let ``COPY ... TO`` write files)."""
+    types = _statement_types(connection, sql)
+    if not types:
+        raise PermissionError("no SQL statement given")
+    if any(t not in READ_STATEMENT_TYPES for t in types):
+        raise PermissionError(
+            f"this session is read-only: {', '.join(t for t in types if t not in READ_STATEMENT_TYPES)} "
+            "statements need write access (rankstream sql --write)")
 
 
 def execute_script(connection: duckdb.DuckDBPyConnection, statements) -> pa.Table:
@@ -98,13 +110,8 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def run(self, sql: str, params, write: bool):
         cursor = self._connection.cursor()
         try:
-            types = _statement_types(cursor, sql)
-            if not types:
-                raise PermissionError("no SQL statement given")
-            if not write and any(t not in READ_STATEMENT_TYPES for t in types):
-                raise PermissionError(
-                    f"this session is read-only: {', '.join(t for t in types if t not in READ_STATEMENT_TYPES)} "
-                    "statements need write access (rankstream sql --write)")
+            if not write:
+                check_read_only(cursor, sql)
             return execute_to_arrow(cursor, sql, params)
         finally:
             cursor.close()
