@@ -407,7 +407,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except RankstreamError as exc:
-        errors.print(f"rankstream: error: {exc}", markup=False, highlight=False)
+        errors.print(f"rankstream: error: {exc}", markup=False, highlight=False, soft_wrap=True)  # one line
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         errors.print("rankstream: interrupted")
