@@ -1,50 +1,21 @@
-"""A real Kafka-protocol broker (the embedded Tansu) for the integration tier.
+"""The integration tier: the real ``rankstream`` command, a live stack, Prefect's test harness.
 
-One broker per session on a free port; every test gets its own topic prefix, DuckDB file and
-state directory, so tests never see each other's data.
+The session's broker (the embedded Tansu on a free port) and ``kafka_config`` live in
+``tests/conftest.py``, shared with the reliability suite; every test gets its own topic prefix,
+DuckDB file and state directory, so tests never see each other's data.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from rankstream.config import config_env, load_config
-from rankstream.deploy.broker import start_broker, stop_broker
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def broker_port(tmp_path_factory):
-    config = load_config({"broker_port": free_port(), "state_dir": tmp_path_factory.mktemp("broker")}, env={})
-    start_broker(config)
-    yield config.broker_port
-    stop_broker(config)
-
-
-@pytest.fixture
-def kafka_config(tmp_path: Path, broker_port: int):
-    """A factory of configurations on the session broker, with this test's own topics."""
-    prefix = f"it{uuid.uuid4().hex[:10]}"
-
-    def factory(**overrides):
-        base = {"db_path": tmp_path / "rankstream.duckdb", "state_dir": tmp_path / "state",
-                "topic_prefix": prefix, "broker_port": broker_port, "partitions": 4}
-        base.update(overrides)
-        return load_config(base, env={})
-
-    return factory
+from ..conftest import broker_port, free_port, kafka_config  # noqa: F401  (shared with tests/reliability)
 
 
 def cli(config, *args, timeout=120, check=True, **kwargs) -> subprocess.CompletedProcess:
