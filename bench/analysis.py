@@ -94,6 +94,7 @@ def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
     return {"files": files, "mb_each": megabytes, "events": events, "composer_s": composer_s, "composer_mb": composer_mb,
             "rankstream_s": sum(s for s, _ in steps), "import_s": steps[0][0], "merge_s": steps[1][0],
             "timeline_s": steps[2][0], "rankstream_mb": max(m for _, m in steps),
+            "import_mb": steps[0][1], "timeline_mb": steps[2][1],
             "materializer_mb": materializer.peak_mb}
 
 
@@ -203,7 +204,8 @@ def main() -> None:
                 print(f"  {row['files']} x {row['mb_each']:g} MB ({row['events']:,} events): "
                       f"composer {row['composer_s']:.1f} s / {row['composer_mb']:.0f} MB peak; "
                       f"rankstream {row['rankstream_s']:.1f} s (import {row['import_s']:.1f}, merge {row['merge_s']:.1f}, "
-                      f"timeline {row['timeline_s']:.1f}), peak RSS {row['rankstream_mb']:.0f} MB per command, "
+                      f"timeline {row['timeline_s']:.1f}), peak RSS import {row['import_mb']:.0f} MB, "
+                      f"timeline {row['timeline_mb']:.0f} MB, "
                       f"materializer {row['materializer_mb']:.0f} MB; speedup {row['composer_s'] / row['rankstream_s']:.1f}x")
         if "hta" not in skip:
             row = hta_round(root, args.hta_events, config)

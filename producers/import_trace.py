@@ -37,6 +37,7 @@ from rankstream.producers.importing import (
     check_input_file,
     content_session_id,
     publish_ranks,
+    wait_for_room,
     wait_materialized,
 )
 
@@ -255,6 +256,8 @@ def _emit_events(info: TraceFile, producers: dict) -> dict[int, int]:
                           _int(flow) if flow is not None else None, correlation,
                           json.dumps(args, separators=(",", ":")) if args else None)
             counts[producer.rank] += 1
+            if counts[producer.rank] % 5000 == 0:
+                wait_for_room(producer)
     return counts
 
 

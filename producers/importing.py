@@ -56,6 +56,17 @@ def check_input_file(path: Path) -> None:
         raise BadInput(f"{path}: {size} bytes is larger than the {MAX_INPUT_BYTES}-byte limit")
 
 
+#: An importer waits while a producer holds more events than this: it reads files faster than the
+#: bus takes them, and without backpressure its queue (so its memory) would grow with the file.
+IMPORT_BACKLOG_EVENTS = 20_000
+
+
+def wait_for_room(producer, limit: int = IMPORT_BACKLOG_EVENTS) -> None:
+    """Block (an importer, never a training thread) until ``producer`` has sent its backlog down to ``limit``."""
+    while producer.stats().buffered_events > limit:
+        time.sleep(0.002)
+
+
 def content_session_id(*parts: bytes | str) -> str:
     digest = hashlib.sha256()
     for part in parts:
