@@ -67,36 +67,53 @@ class Finding:
 
 _CALL_FILTER = """
 WHERE coalesce(is_p2p, false) = false AND collective_seq_id IS NOT NULL AND collective_seq_id > 0
-  AND profiling_name NOT LIKE '%:send%' AND profiling_name NOT LIKE '%:recv%' AND profiling_name NOT LIKE '%coalesced%'
+  AND profiling_name NOT LIKE '%:send%' AND profiling_name NOT LIKE '%:recv%'
   AND ($run IS NULL OR run_id = $run)
 """
 _OP = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
+_COALESCED = "profiling_name LIKE '%coalesced%'"
 
-#: When the live tap re-sent entries whose state changed, the newest state of each wins.
-CALLS_SQL = f"""
+
+def _calls_sql(latest_only: bool) -> str:
+    """collective_calls: one row per rank's collective. A coalesced group (entries sharing one
+    sequence number, closed by a ``coalesced`` entry) is one call whose op lists its members, e.g.
+    ``coalesced(all_reduce,all_reduce)``, with the members' sizes and dtypes in order, so a rank
+    that coalesced different ops or sizes disagrees with its peers like any other call.
+    ``latest_only``: the live tap re-sends entries whose state changed; the newest state wins."""
+    latest = "QUALIFY row_number() OVER (PARTITION BY run_id, rank, record_id ORDER BY snapshot_ns DESC) = 1" \
+        if latest_only else ""
+    return f"""
 CREATE OR REPLACE TABLE collective_calls AS
-SELECT run_id, rank, pg_name, arg_max(pg_desc, snapshot_ns) AS pg_desc, collective_seq_id AS seq,
-       arg_max(record_id, snapshot_ns) AS record_id, arg_max({_OP}, snapshot_ns) AS op,
-       arg_max(input_sizes, snapshot_ns) AS input_sizes, arg_max(output_sizes, snapshot_ns) AS output_sizes,
-       arg_max(input_dtypes, snapshot_ns) AS input_dtypes, arg_max(state, snapshot_ns) AS state,
-       arg_max(time_created_ns, snapshot_ns) AS created_ns,
-       arg_max(time_discovered_completed_ns, snapshot_ns) AS completed_ns,
-       arg_max(frames, snapshot_ns) AS frames
-FROM fr_entries {_CALL_FILTER}
-GROUP BY run_id, rank, pg_name, collective_seq_id
+WITH entries AS (
+    SELECT run_id, rank, pg_name, pg_desc, collective_seq_id AS seq, record_id, {_OP} AS op, {_COALESCED} AS marker,
+           input_sizes, output_sizes, input_dtypes, state, time_created_ns AS created_ns,
+           time_discovered_completed_ns AS completed_ns, frames
+    FROM fr_entries {_CALL_FILTER} {latest}
+), groups AS (
+    SELECT DISTINCT run_id, rank, pg_name, seq FROM entries WHERE marker
+), singles AS (
+    SELECT e.* EXCLUDE (marker) FROM entries e ANTI JOIN groups g USING (run_id, rank, pg_name, seq)
+), coalesced AS (
+    SELECT run_id, rank, pg_name, any_value(pg_desc) AS pg_desc, seq, min(record_id) AS record_id,
+           'coalesced(' || coalesce(string_agg(op, ',' ORDER BY record_id) FILTER (WHERE NOT marker), '') || ')' AS op,
+           flatten(list(input_sizes ORDER BY record_id) FILTER (WHERE NOT marker)) AS input_sizes,
+           flatten(list(output_sizes ORDER BY record_id) FILTER (WHERE NOT marker)) AS output_sizes,
+           flatten(list(input_dtypes ORDER BY record_id) FILTER (WHERE NOT marker)) AS input_dtypes,
+           arg_max(state, record_id) AS state, min(created_ns) AS created_ns, max(completed_ns) AS completed_ns,
+           arg_min(frames, record_id) AS frames
+    FROM entries e SEMI JOIN groups g USING (run_id, rank, pg_name, seq)
+    GROUP BY run_id, rank, pg_name, seq
+)
+SELECT * FROM singles UNION ALL BY NAME SELECT * FROM coalesced
 """
 
-#: Dumps hold each entry once: a projection, no aggregation (several times faster).
-CALLS_ONCE_SQL = f"""
-CREATE OR REPLACE TABLE collective_calls AS
-SELECT run_id, rank, pg_name, pg_desc, collective_seq_id AS seq, record_id, {_OP} AS op, input_sizes,
-       output_sizes, input_dtypes, state, time_created_ns AS created_ns,
-       time_discovered_completed_ns AS completed_ns, frames
-FROM fr_entries {_CALL_FILTER}
-"""
+
+CALLS_SQL = _calls_sql(latest_only=True)
+#: Dumps hold each entry once: no need to pick the newest state (several times faster).
+CALLS_ONCE_SQL = _calls_sql(latest_only=False)
 
 REPEATS_SQL = """
-SELECT count(*) > count(DISTINCT (run_id, rank, pg_name, collective_seq_id)) FROM fr_entries
+SELECT count(*) > count(DISTINCT (run_id, rank, record_id)) FROM fr_entries
 WHERE ($run IS NULL OR run_id = $run) AND collective_seq_id > 0 AND coalesce(is_p2p, false) = false
 """
 
@@ -480,12 +497,46 @@ def _p2p_findings(con, run_id: str) -> list[Finding]:
     return findings
 
 
+STATE_SQL = """
+WITH reach AS (  -- each rank's newest collective in each group
+    SELECT rank, pg_name, max(seq) AS newest FROM collective_calls WHERE run_id = $run GROUP BY ALL
+), calls AS (
+    SELECT k.pg_name, k.seq, k.rank, k.state, r.newest FROM collective_calls k JOIN reach r USING (rank, pg_name)
+    WHERE k.run_id = $run
+), per_collective AS (
+    SELECT pg_name, seq, bool_or(state = 'completed') AS some_completed,
+           list(rank ORDER BY rank) FILTER (WHERE state <> 'completed' AND newest > seq) AS moved_on,
+           map_from_entries(list((rank, state) ORDER BY rank)) AS states
+    FROM calls GROUP BY ALL
+)
+SELECT pg_name, arg_min(seq, seq) AS seq, arg_min(moved_on, seq) AS moved_on, arg_min(states, seq)::VARCHAR AS states
+FROM per_collective WHERE some_completed AND len(moved_on) > 0 GROUP BY pg_name ORDER BY seq
+"""
+
+
+def _state_findings(con, run_id: str, descs, derailed) -> list[Finding]:
+    """A collective some members completed while others, though they went on to later collectives
+    of the group, never completed it. (At a group's newest collective a difference in state is just
+    progress, reported as a hang if it lasts; gloo entries stay 'scheduled' and never trip this.)
+    Reported once per group, at the first such collective."""
+    findings = []
+    for row in _rows(con, STATE_SQL, {"run": run_id}):
+        culprits = [r for r in row["moved_on"] if (row["pg_name"], r) not in derailed]
+        if culprits:
+            findings.append(Finding("state_mismatch", row["pg_name"], descs.get(row["pg_name"]), row["seq"], culprits,
+                                    [], "completed", row["states"],
+                                    f"rank(s) {culprits} went on to later collectives of the group without completing "
+                                    f"this one, which their peers completed"))
+    _add_involved(con, run_id, findings)
+    return findings
+
+
 def findings_for_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None) -> list[Finding]:
     """Findings of one run (tables built by ``build_collective_tables``), first mismatch first."""
     descs = _group_descs(con, run_id)
     type_findings, derailed = _type_findings(con, run_id, descs)
     findings = (type_findings + _size_findings(con, run_id, descs, derailed)
-                + _tail_findings(con, run_id, descs, derailed) + _truncation_findings(con, run_id, descs)
+                + _state_findings(con, run_id, descs, derailed) + _tail_findings(con, run_id, descs, derailed) + _truncation_findings(con, run_id, descs)
                 + _straggler_findings(con, run_id, descs, derailed) + _p2p_findings(con, run_id))
     findings.sort(key=lambda f: (f.kind not in DESYNC_KINDS and f.kind != "hang", f.seq is None,
                                  f.seq if f.seq is not None else 0, _ORDER[f.kind], f.group))

@@ -146,3 +146,58 @@ def test_healthy_p2p_is_quiet_and_a_receive_of_the_wrong_size_is_named(tmp_path)
     assert report.verdict == "desync"
     assert len(mismatches) == 1 and mismatches[0].ranks_involved == [2, 3]
     assert "[[4096]]" in mismatches[0].expected and "[[8192]]" in mismatches[0].actual
+
+
+def write_coalesced_job(directory, fault="none", ranks=4, fault_rank=1):
+    """Each step: an all-reduce, then a coalesced group of two all-reduces (one sequence number,
+    closed by a ``nccl:coalesced`` entry). Faults in the group at step 5 on ``fault_rank``: a member
+    of another size, or a member of another op."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in range(ranks):
+        entries, seq = [], 1
+        for step in range(10):
+            entries.append(entry(len(entries), seq, "all_reduce", created=step * 1000))
+            seq += 1
+            for member in range(2):
+                op, size = "all_reduce", 512 * (member + 1)
+                if rank == fault_rank and step == 5 and member == 1:
+                    size, op = (4096, op) if fault == "size" else (size, "all_gather" if fault == "op" else op)
+                entries.append(entry(len(entries), seq, op, size, created=step * 1000 + 1))
+            entries.append(dict(entry(len(entries), seq, "coalesced", 0, created=step * 1000 + 2),
+                                input_sizes=[], output_sizes=[], input_dtypes=[], output_dtypes=[]))
+            seq += 1
+        dump = {"version": "2.10", "entries": entries,
+                "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(ranks)))}}}
+        (directory / f"rank_{rank}").write_bytes(pickle.dumps(dump))
+    return directory
+
+
+@pytest.mark.parametrize("fault,kind", [("none", None), ("size", "size_mismatch"), ("op", "type_mismatch")])
+def test_coalesced_groups_match_as_one_collective(tmp_path, fault, kind):
+    report, con = diagnose_directory(write_coalesced_job(tmp_path / fault, fault), prefix="rank_")
+    ops = {op for (op,) in con.execute("SELECT DISTINCT op FROM collective_calls").fetchall()}
+    assert "coalesced(all_reduce,all_reduce)" in ops
+    if kind is None:
+        assert report.verdict == "healthy" and report.findings == []
+    else:
+        first = report.findings[0]
+        assert (first.kind, first.seq, first.culprit_ranks) == (kind, 12, [1])  # step 5's group: seq 2 * 5 + 2
+
+
+def test_a_rank_that_moved_on_without_completing_is_a_state_mismatch(tmp_path):
+    directory = write_job(tmp_path / "state")
+    dump = pickle.loads((directory / "rank_3").read_bytes())  # our own test file
+    dump["entries"][10]["state"] = "started"
+    (directory / "rank_3").write_bytes(pickle.dumps(dump))
+    report, _ = diagnose_directory(directory, prefix="rank_")
+    first = report.findings[0]
+    assert (first.kind, first.seq, first.culprit_ranks, report.verdict) == ("state_mismatch", 11, [3], "desync")
+
+
+def test_a_group_head_still_running_is_not_a_state_mismatch(tmp_path):
+    directory = write_job(tmp_path / "head")
+    dump = pickle.loads((directory / "rank_1").read_bytes())  # our own test file
+    dump["entries"][-1]["state"] = "started"
+    (directory / "rank_1").write_bytes(pickle.dumps(dump))
+    report, _ = diagnose_directory(directory, prefix="rank_")
+    assert report.verdict == "healthy"
