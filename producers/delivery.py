@@ -143,7 +143,8 @@ class Delivery:
                 inflight_bytes=self._inflight_bytes,
                 spool_bytes=self._spool.bytes,
                 health=self._health.value,
-                last_error=self._last_error or self._spool.last_error,
+                # both, when the broker is down AND the spool cannot take what it would have held
+                last_error="; ".join(e for e in (self._last_error, self._spool.last_error) if e) or None,
             )
 
     def count_dropped(self, events: int) -> None:
