@@ -10,7 +10,7 @@
    SIGKILLed ``--kills`` times at random moments (one during ``--rebuild``), then run to the end:
    events emitted vs stored, duplicates.
 
-Usage: python bench/soak.py [--steps 300] [--kills 20] [--spool-mb 8]
+Usage: python bench/soak.py [--steps 300] [--repeats 4] [--kills 20] [--spool-mb 8]
 """
 
 from __future__ import annotations
@@ -105,19 +105,19 @@ def resend(rank: int, env: dict) -> None:
     rankstream.shutdown(timeout_s=60)
 
 
-def broker_down(root: Path, steps: int, spool_mb: int) -> dict:
+def broker_down(root: Path, steps: int, spool_mb: int, repeats: int) -> dict:
     config = load_config({"db_path": root / "down.duckdb", "state_dir": root / "state", "broker_port": _free_port(),
                           "producer.spool_max_bytes": spool_mb << 20}, env={})
     env = {**config_env(config), "TORCH_FR_BUFFER_SIZE": "2000"}
     runs = {"off": [], "on": []}
-    for _ in range(2):  # interleaved
+    for _ in range(repeats):  # interleaved, so a slow minute of the VM hits both modes
         for mode in runs:
             mp.spawn(train, args=(2, _free_port(), mode == "on", steps, str(root), env if mode == "on" else {}),
                      nprocs=2)
             runs[mode].append([json.loads(Path(root, f"{mode}-rank{r}.json").read_text()) for r in range(2)])
     mean = {mode: statistics.mean(statistics.mean(r["step_s"]) for run in rs for r in run) for mode, rs in runs.items()}
     last = runs["on"][-1]
-    everything = [r for run in runs["on"] for r in run]  # both runs' ranks spool under the same run id
+    everything = [r for run in runs["on"] for r in run]  # every run's ranks spool under the same run id
     spooled_before = sum(r["spooled"] for r in everything)
     started = time.monotonic()
     up(config)
@@ -188,13 +188,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--spool-mb", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=4, help="runs per mode (step times vary ~10%% run to run)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rankstream-soak-"))
-    row = broker_down(root, args.steps, args.spool_mb)
-    print(f"== broker down for a whole 2-rank gloo run ({args.steps} steps, spans + counters + FR tap)")
+    row = broker_down(root, args.steps, args.spool_mb, args.repeats)
+    print(f"== broker down for a whole 2-rank gloo run ({args.repeats} x {args.steps} steps per mode, interleaved; "
+          "spans + counters + FR tap)")
     print(f"  step time: without rankstream {row['off_ms']:.2f} ms, with rankstream and no broker {row['on_ms']:.2f} ms "
           f"-> {100 * (row['ratio'] - 1):+.1f}% (target within 5%)")
-    print(f"  events emitted (2 runs) {row['emitted']:,}, spooled {row['spooled']:,}, dropped {row['dropped']:,}; spool "
+    print(f"  events emitted (all runs) {row['emitted']:,}, spooled {row['spooled']:,}, dropped {row['dropped']:,}; spool "
           f"{row['spool_mb']:.1f} MB of its {row['spool_cap_mb']} MB cap; peak RSS {row['rss_on_mb']:.0f} MB "
           f"vs {row['rss_off_mb']:.0f} MB without rankstream")
     print(f"  producer last_error: {row['last_error']}")
