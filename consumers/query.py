@@ -9,7 +9,8 @@
 * another process holds the file without serving queries (a one-shot ``consume --once``):
   calls wait for it to finish, up to ``wait_s``, then raise :class:`DatabaseBusy` naming it.
 
-Every call binds values as parameters; nothing the caller passes is pasted into SQL.
+Every call binds values as parameters (a list for ``?``/``$1``, a dict for ``$name``); nothing the
+caller passes is pasted into SQL.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from rankstream.consumers.query_protocol import ServerError, read_response, send_request, send_script
-from rankstream.consumers.query_server import check_read_only, execute_script, execute_to_arrow, server_socket
+from rankstream.consumers.query_server import bindable_params, check_read_only, execute_script, execute_to_arrow, server_socket
 from rankstream.errors import DatabaseBusy, QueryError, RankstreamError
 
 __all__ = ["connect", "Database"]
@@ -111,7 +112,7 @@ class Database:
     def _remote(self, socket_path: str, sql: str, params, write: bool) -> pa.Table:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(socket_path)
-            send_request(sock, sql, list(params) if params else None, write)
+            send_request(sock, sql, bindable_params(params), write)
             try:
                 return read_response(sock)
             except ServerError as exc:

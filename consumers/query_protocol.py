@@ -1,6 +1,6 @@
 """The little wire protocol between the query server and its clients, over a Unix socket.
 
-Request: 4-byte big-endian length, then JSON ``{"sql": str, "params": list|null, "write": bool}``,
+Request: 4-byte big-endian length, then JSON ``{"sql": str, "params": list|object|null, "write": bool}``,
 or ``{"script": [[sql, params], ...], "write": true}`` for statements that must commit together.
 Response: one status byte (``A`` Arrow IPC stream follows, ``E`` UTF-8 error message follows),
 an 8-byte big-endian length, then the body. Results travel as Arrow so that they arrive as
@@ -47,7 +47,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def send_request(sock: socket.socket, sql: str, params: list | None, write: bool) -> None:
+def send_request(sock: socket.socket, sql: str, params: list | dict | None, write: bool) -> None:
     _send(sock, {"sql": sql, "params": params, "write": write})
 
 

@@ -30,7 +30,7 @@ from rankstream.consumers.query_protocol import (
     sidecar_path,
 )
 
-__all__ = ["QueryServer", "check_read_only", "execute_script", "execute_to_arrow", "server_socket"]
+__all__ = ["QueryServer", "bindable_params", "check_read_only", "execute_script", "execute_to_arrow", "server_socket"]
 
 
 def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
@@ -62,9 +62,16 @@ def execute_script(connection: duckdb.DuckDBPyConnection, statements) -> pa.Tabl
     return pa.table({"ok": [True]})
 
 
+def bindable_params(params):
+    """Positional values as a list, named ones (``$name``) as a dict; None when there are none."""
+    if not params:
+        return None
+    return dict(params) if isinstance(params, dict) else list(params)
+
+
 def execute_to_arrow(connection: duckdb.DuckDBPyConnection, sql: str, params) -> pa.Table:
     """Run SQL and return its result as Arrow; statements without a result give ``{ok: [true]}``."""
-    relation = connection.sql(sql, params=list(params) if params else None)
+    relation = connection.sql(sql, params=bindable_params(params))
     if relation is None:
         return pa.table({"ok": [True]})
     return relation.to_arrow_table()

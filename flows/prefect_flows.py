@@ -71,6 +71,12 @@ def _runs(db_path: str, run_ids: list[str] | None, within_minutes: float) -> lis
     return run_ids or recent_runs(db_path, within_minutes)
 
 
+def _merged_then(db_path: str, run_ids: list[str] | None, within_minutes: float, analysis: str) -> list[str]:
+    """Per run: align the clocks, then ``analysis`` (which waits on the merge's task)."""
+    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), analysis)
+            for run in _runs(db_path, run_ids, within_minutes)]
+
+
 @flow(name="rankstream-merge")
 def merge(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None, within_minutes: float = 60.0) -> list[str]:
     """Per-rank clock offsets (barrier, FR, profiler) for the given or recently active runs."""
@@ -81,24 +87,21 @@ def merge(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None, 
 def step_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                   within_minutes: float = 60.0) -> list[str]:
     """Merge, then step_trace and rank_slowness, per run."""
-    runs = _runs(db_path, run_ids, within_minutes)
-    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), "steps") for run in runs]
+    return _merged_then(db_path, run_ids, within_minutes, "steps")
 
 
 @flow(name="rankstream-communication-analysis")
 def communication_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                            within_minutes: float = 60.0) -> list[str]:
     """Merge, then comm_summary and comm_matrix, per run."""
-    runs = _runs(db_path, run_ids, within_minutes)
-    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), "communication") for run in runs]
+    return _merged_then(db_path, run_ids, within_minutes, "communication")
 
 
 @flow(name="rankstream-breakdown-analysis")
 def breakdown_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                        within_minutes: float = 60.0) -> list[str]:
     """Merge, then temporal_breakdown and op_stats, per run."""
-    runs = _runs(db_path, run_ids, within_minutes)
-    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), "breakdown") for run in runs]
+    return _merged_then(db_path, run_ids, within_minutes, "breakdown")
 
 
 @flow(name="rankstream-timeline")

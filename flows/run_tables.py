@@ -21,7 +21,7 @@ from rankstream.schemas.tables import SCHEMA_VERSION, ddl
 
 __all__ = ["replace_run_rows", "bind", "require_run", "ensure_schema"]
 
-_PARAMETER = re.compile(r"\$([a-z_]+)")
+_PARAMETER = re.compile(r"\$([a-z_][a-z_0-9]*)")
 
 
 def bind(sql: str, values: dict[str, Any]) -> dict[str, Any] | None:

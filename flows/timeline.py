@@ -31,7 +31,7 @@ from typing import IO
 
 from rankstream.consumers.query import connect
 from rankstream.errors import BadInput
-from rankstream.flows.run_tables import ensure_schema
+from rankstream.flows.run_tables import bind, ensure_schema
 
 __all__ = ["write_timeline", "TimelineResult", "COLLECTIVES_TID_BASE"]
 
@@ -248,9 +248,8 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
                 writer.write_lines(_lines(database, _METADATA_SQL, values))
                 for lo, hi in _slices(database, run_id, rank, part.lo, part.hi):
                     writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi}))
-            sql, values = _positional(_FINDINGS_SQL, {"run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last,
-                                                      "pid": chosen[0]})  # global markers; pid only places them
-            writer.write_lines(database.arrow(sql, values).column(0).to_pylist())
+            writer.write_lines(_lines(database, _FINDINGS_SQL, {  # global markers; pid only places them
+                "run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last, "pid": chosen[0]}))
         finally:
             writer.close()
         result.files.append(writer.path)
@@ -264,8 +263,7 @@ SLICE_EVENTS = 100_000
 
 
 def _lines(database, sql: str, values: dict) -> list[str]:
-    query, params = _positional(sql, values)
-    return database.arrow(query, params).column(0).to_pylist()
+    return database.arrow(sql, bind(sql, values)).column(0).to_pylist()
 
 
 def _slices(database, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -280,11 +278,3 @@ def _slices(database, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[in
                              [run_id, rank, lo, hi, [i / pieces for i in range(1, pieces)]])[0][0]
     bounds = [lo, *sorted(c for c in cuts if lo < c < hi), hi]
     return list(zip(bounds, bounds[1:]))
-
-
-def _positional(sql: str, values: dict) -> tuple[str, list]:
-    """Named ``$name`` parameters to DuckDB's positional ``$1..`` (the query protocol sends lists)."""
-    names = [name for name in values if f"${name}" in sql]
-    for name in sorted(names, key=len, reverse=True):  # $last before $la..., never a prefix clash
-        sql = sql.replace(f"${name}", f"${names.index(name) + 1}")
-    return sql, [values[name] for name in names]
