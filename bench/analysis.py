@@ -116,7 +116,7 @@ def hta_round(root: Path, events: int, config) -> dict:
         write_kineto_trace(traces / f"rank{rank}.json", rank, 2, events // 2)
     result = {"events": events}
     try:
-        import hta  # noqa: F401
+        import hta  # noqa: F401  (only: is HTA installed?)
         output, wall, rss, code = run_measured([sys.executable, "-c", HTA_SCRIPT, str(traces)], 3600)
         result.update(hta_s=wall if code == 0 else None, hta_mb=rss, hta_detail=output.strip().splitlines()[-1:])
     except ImportError:

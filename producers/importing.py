@@ -13,7 +13,6 @@ if there is one, otherwise by materializing once in this process.
 from __future__ import annotations
 
 import hashlib
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ def check_input_file(path: Path) -> None:
         raise BadInput(f"{path}: is a directory, expected a file")
     if not path.exists():
         raise BadInput(f"{path}: no such file")
-    if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or device would block or never end
+    if not path.is_file():  # a FIFO or device would block or never end
         raise BadInput(f"{path}: not a regular file")
     size = path.stat().st_size
     if size == 0:

@@ -16,7 +16,6 @@ Every call is a no-op before ``init``, after ``shutdown`` and with ``enabled=Fal
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from typing import Any, Callable, Mapping

@@ -17,7 +17,6 @@ from rankstream.schemas.fields import (
     integer,
     json_object,
     list_of,
-    optional,
     text,
 )
 

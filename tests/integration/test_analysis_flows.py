@@ -18,7 +18,6 @@ from rankstream.config import config_env, load_config
 from rankstream.consumers.query import connect
 from rankstream.demo_job import JobSpec, start_job
 from rankstream.flows.chrome_trace import check_chrome_trace
-from rankstream.flows.timeline import write_timeline
 
 from ..unit.run_builder import build_run
 from .conftest import free_port

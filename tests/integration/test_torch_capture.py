@@ -1,7 +1,6 @@
 """Real torch.distributed (gloo) jobs streamed through the real broker into DuckDB."""
 
 import json
-import socket
 import time
 import uuid
 

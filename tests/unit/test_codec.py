@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankstream.schemas import (
-    DecodeFailure, Envelope, FrBatch, Heartbeat, PayloadKind, PgConfig, RankMeta, Stream, TraceBatch, decode,
+    DecodeFailure, Envelope, FrBatch, Heartbeat, PayloadKind, PgConfig, RankMeta, TraceBatch, decode,
     encode, encode_wire,
 )
 from rankstream.schemas.records import HEARTBEAT_COUNTERS
