@@ -142,6 +142,6 @@ def end_of_run(db_path: str = "rankstream.duckdb", timeline_dir: str | None = No
     done = []
     for run in finished_runs_to_analyze(Path(db_path)):
         run_analyses(db_path, run, timeline_dir)
-        replace_run_rows(Path(db_path), run, "end_of_run", [], [])
+        replace_run_rows(Path(db_path), run, "end_of_run", [], [])  # no rows: just record it in analyses_done
         done.append(run)
     return done

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rankstream.flows.breakdown import WORK_CATEGORIES
 from rankstream.flows.run_tables import replace_run_rows
 
 __all__ = ["analyze_steps", "STEP_TRACE_SQL", "RANK_SLOWNESS_SQL", "PHASES"]
 
 PHASES = ("data", "forward", "backward", "optimizer", "communication")
+#: Ops (as opposed to annotations): the breakdown's work categories plus Python frames (with_stack).
+_OPS = ", ".join(f"'{c}'" for c in (*WORK_CATEGORIES, "python_function"))
 
 STEP_TRACE_SQL = f"""
 INSERT INTO step_trace
@@ -34,7 +37,7 @@ WITH steps AS (
                            -- the optimizer from pushing the regex below the DISTINCT)
     SELECT name, event_phase(name) AS phase FROM (SELECT DISTINCT name FROM trace_events WHERE run_id = $run)
 ), classified AS (
-    SELECT i.rank, n.phase, i.cat IN ('cpu_op', 'kernel', 'python_function') AS is_op, i.start_ns, i.end_ns
+    SELECT i.rank, n.phase, i.cat IN ({_OPS}) AS is_op, i.start_ns, i.end_ns
     FROM run_intervals($run) i JOIN names n USING (name) WHERE n.phase IS NOT NULL
 ), annotated AS (  -- phases a rank annotates: their spans cover their ops, which add nothing
     SELECT DISTINCT rank, phase FROM classified WHERE NOT is_op
