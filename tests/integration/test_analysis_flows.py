@@ -25,7 +25,11 @@ from .conftest import free_port
 pytestmark = pytest.mark.integration
 
 
-def wait_drained(database, run_id: str) -> None:
+def wait_drained(database, run_id: str, world_size: int = 4) -> None:
+    deadline = time.monotonic() + 20  # the final FR snapshot comes before each rank's final heartbeat
+    while time.monotonic() < deadline and database.fetchall(
+            "SELECT count(DISTINCT rank) FROM heartbeats WHERE run_id = ? AND final", [run_id])[0][0] < world_size:
+        time.sleep(0.25)
     last, stable_since = -1, time.monotonic()
     while time.monotonic() - stable_since < 2:
         count = database.fetchall("SELECT count(*) FROM trace_events WHERE run_id = ?", [run_id])[0][0]

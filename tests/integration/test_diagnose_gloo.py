@@ -23,6 +23,10 @@ def run_job(live, tmp_path, **overrides):
     for process in start_job(spec, config_env(live)):
         process.join(120)
     database = connect(live.db_path)
+    deadline = time.monotonic() + 20  # the final FR snapshot comes before each rank's final heartbeat
+    while time.monotonic() < deadline and database.fetchall(
+            "SELECT count(DISTINCT rank) FROM heartbeats WHERE run_id = ? AND final", [spec.run_id])[0][0] < spec.world_size:
+        time.sleep(0.25)  # (a killed rank never sends one: then the deadline ends the wait)
     last, stable_since = -1, time.monotonic()
     while time.monotonic() - stable_since < 2:  # until the stream is drained
         count = database.fetchall("SELECT count(*) FROM fr_entries WHERE run_id = ?", [spec.run_id])[0][0]
