@@ -7,6 +7,12 @@ never exits on bad data (that goes to ``rejects``).
 
 It also writes ``<state_dir>/materializer.json`` every couple of seconds (lag, throughput, last
 error) for ``rankstream status``.
+
+Broker restarts: the stored offsets belong to one broker incarnation, named by its topic ids.
+On every open, and every ``_INCARNATION_CHECK_S`` while consuming, the materializer compares the
+broker's topic ids with the stored ones. New ids mean the broker lost its log and offsets
+restarted at 0: the stored offsets are dropped and every partition is read from its start
+(producers resend their recent batches to the new broker, and batch keys drop the repeats).
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ __all__ = ["Materializer", "MaterializerStatus", "status_path"]
 
 _RETRY_S = 2.0
 _STATUS_EVERY_S = 2.0
+_INCARNATION_CHECK_S = 1.0
+
+
+class _BrokerReset(RankstreamError):
+    """The broker came back as a new incarnation while the materializer was reading it."""
 
 
 @dataclass
@@ -43,6 +54,8 @@ class MaterializerStatus:
     lag_messages: int | None = None
     events_per_s: float = 0.0
     last_error: str | None = None
+    #: Times the broker came back without its log while this materializer ran.
+    broker_resets: int = 0
 
 
 def status_path(config: Config) -> Path:
@@ -99,6 +112,7 @@ class Materializer:
         self.max_records = max_records
         self.status = MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
         self._committed: dict[tuple[str, int], int] = {}
+        self._incarnation: dict[str, str] = {}
         self._opened = False
         self._last_complaint = ""
         self._window = (time.monotonic(), 0)
@@ -113,6 +127,8 @@ class Materializer:
                     targets = self.source.end_offsets()
                 if self._consume(stop, targets):
                     break
+            except _BrokerReset:
+                self._close()  # reopened at once: _open starts the new incarnation's logs from 0
             except RankstreamError as exc:
                 self._complain(str(exc))
                 self._close()
@@ -128,7 +144,7 @@ class Materializer:
     def _consume(self, stop: threading.Event, targets: dict | None) -> bool:
         """Poll, prepare and hand over to the committer until stopped; True once caught up."""
         committer = _Committer(self.store, self._on_commit)
-        last_status = 0.0
+        last_status = last_check = time.monotonic()
         try:
             while not stop.is_set():
                 committer.submit(prepare(self.source.poll(0.2, self.max_records)))
@@ -136,12 +152,20 @@ class Materializer:
                     committer.close()
                     return self._caught_up(targets)
                 now = time.monotonic()
+                if now - last_check >= _INCARNATION_CHECK_S:
+                    last_check = now
+                    if self._new_incarnation(self.source.incarnation()):
+                        raise _BrokerReset("the broker restarted without its log")
                 if now - last_status >= _STATUS_EVERY_S:
                     last_status = now
                     self._publish_status()
         finally:
             committer.close()
         return False
+
+    def _new_incarnation(self, topic_ids: dict[str, str]) -> bool:
+        """True when a topic's id differs from the one the stored offsets belong to."""
+        return any(self._incarnation.get(topic, topic_id) != topic_id for topic, topic_id in topic_ids.items())
 
     def _on_commit(self, batch: PreparedBatch, result) -> None:
         """Runs on the committer thread after each transaction."""
@@ -161,6 +185,7 @@ class Materializer:
 
         if isinstance(self.source, KafkaSource):
             ensure_topics(self.config)
+        self._adopt_incarnation(self.source.incarnation())
         self._committed = self.store.offsets()
         self.source.open(self._committed)
         self._opened = True
@@ -168,6 +193,18 @@ class Materializer:
         if reset:
             self.log(f"rankstream materializer: {len(reset)} partition(s) are shorter than the stored offsets "
                      "(the broker lost its log); reading them again from the start")
+
+    def _adopt_incarnation(self, topic_ids: dict[str, str]) -> None:
+        self._incarnation = self.store.incarnation()
+        if topic_ids == self._incarnation:
+            return
+        reset = self._new_incarnation(topic_ids)
+        self.store.adopt_incarnation(topic_ids, forget_offsets=reset)
+        self._incarnation = dict(topic_ids)
+        if reset:
+            self.status.broker_resets += 1
+            self.log("rankstream materializer: the broker restarted without its log (new topic ids); "
+                     "reading every partition again from offset 0")
 
     def _close(self) -> None:
         if self._opened:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from rankstream.schemas.envelope import Envelope, PayloadKind
-from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS
+from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS, RECOVERY_COUNTERS
 from rankstream.schemas.trace import NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS
 
 __all__ = ["project", "MESSAGE_COLUMN", "FR_SIZES_TYPE", "FR_FRAMES_TYPE"]
@@ -121,7 +121,7 @@ def _heartbeat_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
     for i, e in envelopes:
         fields = e.payload.fields
         rows.append({MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "session_id": e.session_id, "sent_ns": e.sent_at_ns,
-                     **{name: fields[name] for name in HEARTBEAT_COUNTERS},
+                     **{name: fields[name] for name in HEARTBEAT_COUNTERS + RECOVERY_COUNTERS},
                      "final": fields["final"], "collectives": _json(fields["collectives"])})
     return rows
 

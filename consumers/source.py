@@ -2,7 +2,8 @@
 
 No consumer group is used (groups on the embedded broker are slow to join and can jam): the
 materializer assigns every partition of its topics itself and seeks to the offsets it stored in
-DuckDB. A source also reports end offsets so ``status`` can show lag.
+DuckDB. A source also reports end offsets so ``status`` can show lag, and the topic ids that
+name the broker's incarnation (a broker that lost its log has new ones; see ``deploy.kafka``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Source(Protocol):
     def poll(self, timeout_s: float, max_records: int) -> list[Record]: ...
     def end_offsets(self) -> dict[Position, int]: ...
     def positions(self) -> dict[Position, int]: ...
+    def incarnation(self) -> dict[str, str]: ...
     def close(self) -> None: ...
 
 
@@ -36,6 +38,7 @@ class KafkaSource:
         self._topics = topics
         self._consumer = None
         self._partitions: list = []
+        self._topic_ids = None
         #: Partitions whose stored offset was past the log's end at the last ``open`` (broker reset).
         self.reset_partitions: list[Position] = []
 
@@ -105,7 +108,17 @@ class KafkaSource:
     def positions(self) -> dict[Position, int]:
         return {(tp.topic, tp.partition): self._consumer.position(tp) for tp in self._partitions}
 
+    def incarnation(self) -> dict[str, str]:
+        from rankstream.deploy.kafka import TopicIds
+
+        if self._topic_ids is None:
+            self._topic_ids = TopicIds(self._config, self._topics)
+        return self._topic_ids.read()
+
     def close(self) -> None:
+        if self._topic_ids is not None:
+            self._topic_ids.close()
+            self._topic_ids = None
         if self._consumer is not None:
             try:
                 self._consumer.close(autocommit=False)
@@ -143,6 +156,9 @@ class MemorySource:
 
     def positions(self) -> dict[Position, int]:
         return dict(self._next)
+
+    def incarnation(self) -> dict[str, str]:
+        return self._bus.topic_ids(self._topics)
 
     def close(self) -> None:
         pass

@@ -75,6 +75,26 @@ class Store:
         rows = self.connection.execute("SELECT topic, partition, next_offset FROM consumer_offsets").fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
+    def incarnation(self) -> dict[str, str]:
+        """The topic ids of the broker incarnation the stored offsets belong to."""
+        return dict(self.connection.execute("SELECT topic, topic_id FROM bus_incarnation").fetchall())
+
+    def adopt_incarnation(self, topic_ids: Mapping[str, str], *, forget_offsets: bool) -> None:
+        """Record the broker's topic ids; with ``forget_offsets`` (a new incarnation) also drop the
+        stored offsets, in the same transaction, so a crash cannot pair old offsets with the new log."""
+        con = self.connection
+        con.execute("BEGIN")
+        try:
+            if forget_offsets:
+                con.execute("DELETE FROM consumer_offsets")
+            con.execute("DELETE FROM bus_incarnation")
+            for topic, topic_id in topic_ids.items():
+                con.execute("INSERT INTO bus_incarnation VALUES (?, ?)", [topic, topic_id])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
     def reset(self) -> None:
         """Empty every projection and the stored offsets: the next read starts at offset 0."""
         con = self.connection

@@ -2,6 +2,11 @@
 
 kafka-python errors are translated here into :class:`~rankstream.errors.BrokerUnavailable`, so
 callers handle one transient error type.
+
+Broker incarnations: a broker that loses its log (the embedded one keeps it in memory) comes back
+with no topics; whoever connects first recreates them, and every recreated topic gets a new topic
+id (KIP-516). Producers and the materializer compare topic ids to notice that they talk to a new
+incarnation, whose offsets restarted at 0 and which holds none of what was acknowledged before.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from rankstream.config import Config
 from rankstream.errors import BrokerUnavailable
 from rankstream.schemas.topics import all_topics
 
-__all__ = ["client_options", "describe", "ensure_topics", "existing_topics"]
+__all__ = ["client_options", "describe", "ensure_topics", "existing_topics", "TopicIds"]
 
 
 def describe(exc: BaseException) -> str:
@@ -67,3 +72,45 @@ def ensure_topics(config: Config, timeout_s: float = 5.0) -> list[str]:
     finally:
         admin.close()
     return wanted
+
+
+_NO_ID = "00000000-0000-0000-0000-000000000000"
+
+
+class TopicIds:
+    """Reads the ids of rankstream's topics over one long-lived admin connection.
+
+    ``read()`` returns ``{topic: id}``, raising :class:`BrokerUnavailable` when the broker does not
+    answer or a topic is missing (it is about to be recreated). A broker too old for topic ids
+    gives ``{}``; callers then fall back to comparing offsets.
+    """
+
+    def __init__(self, config: Config, topics: list[str]) -> None:
+        self._config = config
+        self._topics = topics
+        self._admin = None
+
+    def read(self) -> dict[str, str]:
+        if self._admin is None:
+            self._admin = _admin(self._config, timeout_s=2.0)
+        try:
+            described = self._admin.describe_topics(self._topics)
+        except Exception as exc:
+            self.close()
+            raise BrokerUnavailable(f"cannot describe topics on {self._config.bootstrap_servers}: "
+                                    f"{describe(exc)}") from exc
+        ids = {}
+        for topic in described:
+            if topic.get("error_code"):
+                raise BrokerUnavailable(f"topic {topic.get('name')!r} is missing on {self._config.bootstrap_servers}")
+            if topic.get("topic_id") and str(topic["topic_id"]) != _NO_ID:
+                ids[topic["name"]] = str(topic["topic_id"])
+        return ids
+
+    def close(self) -> None:
+        if self._admin is not None:
+            try:
+                self._admin.close()
+            except Exception:
+                pass
+            self._admin = None

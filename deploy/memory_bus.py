@@ -23,6 +23,8 @@ class MemoryBus:
         self._lock = threading.Lock()
         #: While False, every send fails as if the broker were unreachable.
         self.available = True
+        #: Bumped by ``restart()``; stands for the topic ids a real broker gives recreated topics.
+        self.incarnation = 1
 
     def _topic(self, topic: str) -> list[list[Record]]:
         if topic not in self._logs:
@@ -38,6 +40,15 @@ class MemoryBus:
             record = Record(topic, partition, len(logs[partition]), key, value, int(time.time() * 1000))
             logs[partition].append(record)
             return record
+
+    def restart(self) -> None:
+        """Lose every log, as the embedded broker does when it restarts."""
+        with self._lock:
+            self._logs.clear()
+            self.incarnation += 1
+
+    def topic_ids(self, topics: list[str]) -> dict[str, str]:
+        return {topic: f"memory-{self.incarnation}" for topic in topics}
 
     def topics(self) -> list[str]:
         with self._lock:

@@ -13,16 +13,26 @@ sent first. The broker's health is a small state machine: ``DOWN`` (retry every
 failed send drops to ``DOWN`` and the message goes to the spool; it is never retried in a loop.
 Transport callbacks may arrive on another thread; they only touch counters and queues under a
 lock, and all file I/O stays on the sender thread.
+
+Broker restarts: an acknowledged message is safe only while the broker keeps its log, and the
+embedded broker keeps it in memory. So acknowledged messages stay in a resend window (the last
+``resend_window_s`` seconds, at most ``resend_window_bytes``). After every reconnect, and every
+``incarnation_check_s`` while up, the transport names the broker's incarnation; when it changed,
+the window is submitted again (the materializer drops whatever it already had, by batch key).
+Messages acknowledged within the window's time but already pushed out by its byte cap cannot be
+resent: they are counted as ``events_not_resent``.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rankstream.producers.spool import Spool, SpooledMessage
 from rankstream.producers.transport import Transport
@@ -47,6 +57,9 @@ class DeliveryCounters:
     spool_bytes: int
     health: str
     last_error: str | None
+    broker_resets: int = 0
+    events_resent: int = 0
+    events_not_resent: int = 0
 
 
 class _SegmentReplay:
@@ -58,11 +71,25 @@ class _SegmentReplay:
 
 class Delivery:
     def __init__(self, transport: Transport, spool: Spool, max_inflight_bytes: int,
-                 retry_interval_s: float = 1.0) -> None:
+                 retry_interval_s: float = 1.0, *, resend_window_s: float = 60.0,
+                 resend_window_bytes: int = 64 << 20, incarnation_check_s: float = 2.0,
+                 on_broker_reset: Callable[[], None] | None = None) -> None:
         self._transport = transport
         self._spool = spool
         self._cap = max_inflight_bytes
         self._retry_interval = retry_interval_s
+        self._window_s = resend_window_s
+        self._window_cap = resend_window_bytes
+        self._check_every = incarnation_check_s
+        self._on_broker_reset = on_broker_reset
+        self._next_check = 0.0
+        self._incarnation: str | None = None
+        #: Acknowledged messages, oldest first, with when they were acknowledged.
+        self._window: collections.deque[tuple[float, SpooledMessage]] = collections.deque()
+        self._window_bytes = 0
+        #: (acknowledged at, events) of messages the byte cap pushed out of the window.
+        self._evicted: collections.deque[tuple[float, int]] = collections.deque()
+        self._resets = self._resent = self._not_resent = 0
         self._lock = threading.Lock()
         self._health = Health.DOWN
         self._next_retry = 0.0
@@ -101,8 +128,11 @@ class Delivery:
             self._drain_failed()
             if self._transport.connect():
                 self._probe()
+                self._check_incarnation(now)
             else:
                 self._last_error = getattr(self._transport, "last_error", None) or "broker unreachable"
+        elif self._health is Health.UP and now >= self._next_check:
+            self._check_incarnation(now)
         if self._health is Health.UP:
             if self._replay is None and self._spool.has_pending():
                 self._start_replay()
@@ -145,11 +175,53 @@ class Delivery:
                 health=self._health.value,
                 # both, when the broker is down AND the spool cannot take what it would have held
                 last_error="; ".join(e for e in (self._last_error, self._spool.last_error) if e) or None,
+                broker_resets=self._resets,
+                events_resent=self._resent,
+                events_not_resent=self._not_resent,
             )
 
     def count_dropped(self, events: int) -> None:
         with self._lock:
             self._dropped += events
+
+    # -- broker incarnations -----------------------------------------------------------------
+    def _check_incarnation(self, now: float) -> None:
+        self._next_check = now + self._check_every
+        current = self._transport.incarnation()
+        if current is None:
+            return
+        previous, self._incarnation = self._incarnation, current
+        if previous is not None and current != previous:
+            self._resend_window(now)
+
+    def _resend_window(self, now: float) -> None:
+        """The broker lost what it had acknowledged: submit the window again."""
+        with self._lock:
+            messages = [message for _, message in self._window]
+            self._window.clear()
+            self._window_bytes = 0
+            self._not_resent += sum(events for acked, events in self._evicted if now - acked <= self._window_s)
+            self._evicted.clear()
+            self._resets += 1
+            self._resent += sum(message.events for message in messages)
+            self._last_error = (f"the broker restarted and lost its log; resending {len(messages)} "
+                                "acknowledged messages")
+        for message in messages:
+            self.submit(dataclasses.replace(message, resend=True))
+        if self._on_broker_reset is not None:
+            self._on_broker_reset()
+
+    def _remember(self, message: SpooledMessage, now: float) -> None:
+        """Keep an acknowledged message for resending (called under the lock)."""
+        self._window.append((now, message))
+        self._window_bytes += len(message.value)
+        while self._window and (self._window_bytes > self._window_cap or now - self._window[0][0] > self._window_s):
+            acked, old = self._window.popleft()
+            self._window_bytes -= len(old.value)
+            if now - acked <= self._window_s:
+                self._evicted.append((acked, old.events))
+        while self._evicted and now - self._evicted[0][0] > self._window_s:
+            self._evicted.popleft()
 
     # -- internals --------------------------------------------------------------------------
     def _probe(self) -> None:
@@ -199,8 +271,10 @@ class Delivery:
         with self._lock:
             self._inflight_bytes -= len(message.value)
             if error is None:
-                self._sent += message.events
+                if not message.resend:
+                    self._sent += message.events
                 self._bytes_sent += len(message.value)
+                self._remember(message, time.monotonic())
                 if self._health is Health.PROBING and replay is None:
                     self._health = Health.UP
             else:

@@ -36,7 +36,7 @@ from rankstream.producers.spool import Spool, SpooledMessage
 from rankstream.producers.transport import KafkaTransport, MemoryTransport, Transport
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind, Stream
-from rankstream.schemas.records import FrBatch, Heartbeat, PgConfig, RankMeta
+from rankstream.schemas.records import HEARTBEAT_COUNTERS, RECOVERY_COUNTERS, FrBatch, Heartbeat, PgConfig, RankMeta
 from rankstream.schemas.topics import message_key, topic_for
 from rankstream.schemas.trace import TraceBatch
 
@@ -61,6 +61,11 @@ class ProducerStats:
     spool_bytes: int
     broker: str
     last_error: str | None
+    #: Broker restarts this producer noticed, events it resent after them, and events it could
+    #: not resend (pushed out of the resend window by its byte cap).
+    broker_resets: int = 0
+    events_resent: int = 0
+    events_not_resent: int = 0
 
 
 _EMIT_CALLS = ("emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata", "set_collectives")
@@ -106,7 +111,12 @@ class Producer:
         if transport is None:
             transport = MemoryTransport(bus) if bus is not None else KafkaTransport(self._config)
         spool = Spool(self._config.spool_dir, run_id, rank, settings.spool_max_bytes)
-        self._delivery = Delivery(transport, spool, settings.max_inflight_bytes)
+        self._groups: list | None = None
+        self._delivery = Delivery(transport, spool, settings.max_inflight_bytes,
+                                  resend_window_s=settings.resend_window_s,
+                                  resend_window_bytes=settings.resend_window_bytes,
+                                  incarnation_check_s=settings.broker_check_s,
+                                  on_broker_reset=self._announce_again)
         self._transport = transport
         self._flush_requested = threading.Event()
         self._flushed = threading.Event()
@@ -165,6 +175,9 @@ class Producer:
             spool_bytes=counters.spool_bytes,
             broker=counters.health,
             last_error=counters.last_error,
+            broker_resets=counters.broker_resets,
+            events_resent=counters.events_resent,
+            events_not_resent=counters.events_not_resent,
         )
 
     def messages_sent(self) -> dict[str, int]:
@@ -278,6 +291,13 @@ class Producer:
         except Exception:  # a value the encoder cannot take: drop this batch, keep going
             self._delivery.count_dropped(len(rows))
 
+    def _announce_again(self) -> None:
+        """After a broker restart, send who this rank is and its groups again: the resend window
+        may no longer hold them, and without them the run's other rows have no context."""
+        self._control.append((PayloadKind.RANK_META, {}))
+        if self._groups is not None:
+            self._control.append((PayloadKind.PG_CONFIG, self._groups))
+
     def _send_control(self) -> None:
         while self._control:
             kind, data = self._control.popleft()
@@ -287,6 +307,7 @@ class Producer:
                     wire = FrBatch(snapshot_ns=snapshot_ns, entries=entries).to_wire()
                 elif kind is PayloadKind.PG_CONFIG:
                     wire = PgConfig(groups=data).to_wire()
+                    self._groups = data
                 else:  # RANK_META: merge the update into what was sent before
                     self._rank_meta.update(data)
                     wire = RankMeta(fields=dict(self._rank_meta)).to_wire()
@@ -297,13 +318,7 @@ class Producer:
     def _send_heartbeat(self, final: bool) -> None:
         stats = self.stats()
         wire = Heartbeat(fields={
-            "events_emitted": stats.events_emitted,
-            "events_sent": stats.events_sent,
-            "events_spooled": stats.events_spooled,
-            "events_dropped": stats.events_dropped,
-            "bytes_sent": stats.bytes_sent,
-            "buffered_events": stats.buffered_events,
-            "spool_bytes": stats.spool_bytes,
+            **{name: getattr(stats, name) for name in HEARTBEAT_COUNTERS + RECOVERY_COUNTERS},
             "final": final,
             "collectives": self._collectives,
         }).to_wire()

@@ -7,6 +7,7 @@ that does not fit is refused and the caller counts it as dropped. Disk errors ne
 the spool just reports that it could not take the message.
 
 Record layout: ``u16 topic length, u16 key length, u32 value length, u32 events`` then the bytes.
+The top bit of ``events`` marks a resend after a broker restart (older segments never set it).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Iterator
 __all__ = ["Spool", "SpooledMessage"]
 
 _HEADER = struct.Struct("<HHII")
+_RESEND_BIT = 1 << 31
 _SEGMENT_BYTES = 8 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -32,6 +34,8 @@ class SpooledMessage:
     key: bytes
     value: bytes
     events: int
+    #: Sent again after a broker restart, so its events are not counted as sent twice.
+    resend: bool = False
 
 
 class Spool:
@@ -66,7 +70,8 @@ class Spool:
         try:
             if self._writer is None or self._writer_size >= _SEGMENT_BYTES:
                 self._open_segment()
-            self._writer.write(_HEADER.pack(len(topic), len(message.key), len(message.value), message.events))
+            self._writer.write(_HEADER.pack(len(topic), len(message.key), len(message.value),
+                                           message.events | (_RESEND_BIT if message.resend else 0)))
             self._writer.write(topic)
             self._writer.write(message.key)
             self._writer.write(message.value)
@@ -123,7 +128,8 @@ class Spool:
                 return
             topic = data[start:start + topic_len].decode()
             key = data[start + topic_len:start + topic_len + key_len]
-            yield SpooledMessage(topic, key, data[start + topic_len + key_len:end], events)
+            yield SpooledMessage(topic, key, data[start + topic_len + key_len:end], events & ~_RESEND_BIT,
+                                 resend=bool(events & _RESEND_BIT))
             position = end
 
     def remove_segment(self, path: Path) -> None:

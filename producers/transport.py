@@ -5,7 +5,9 @@ A transport has four calls, all made from the producer's sender thread only:
 * ``connect()`` returns True when the bus is reachable (it may block for a couple of seconds);
 * ``send(topic, key, value, done)`` queues one message and later calls ``done(error_or_None)``;
   it may raise, which the caller treats as a failed send;
-* ``flush(timeout_s)`` waits for queued messages; ``close()`` releases everything.
+* ``flush(timeout_s)`` waits for queued messages; ``close()`` releases everything;
+* ``incarnation()`` names the broker incarnation (its topic ids), or None when it cannot tell; a
+  new name means the broker lost everything it had acknowledged (see ``deploy.kafka``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Callable, Protocol
 
 from rankstream.config import Config
 from rankstream.deploy.memory_bus import MemoryBus
+from rankstream.errors import BrokerUnavailable
 
 __all__ = ["Transport", "KafkaTransport", "MemoryTransport"]
 
@@ -26,6 +29,11 @@ class Transport(Protocol):
     def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None: ...
     def flush(self, timeout_s: float) -> None: ...
     def close(self) -> None: ...
+    def incarnation(self) -> str | None: ...
+
+
+def _incarnation_name(topic_ids: dict[str, str]) -> str | None:
+    return ",".join(f"{topic}={ids}" for topic, ids in sorted(topic_ids.items())) or None
 
 
 def _quiet_kafka_logging() -> None:
@@ -43,6 +51,7 @@ class KafkaTransport:
     def __init__(self, config: Config) -> None:
         self._config = config
         self._producer = None
+        self._topic_ids = None
         self.last_error: str | None = None
         _quiet_kafka_logging()
 
@@ -89,7 +98,20 @@ class KafkaTransport:
             except Exception as exc:  # KafkaTimeoutError: the undelivered messages fail via errbacks
                 self.last_error = f"{type(exc).__name__}: {exc}"
 
+    def incarnation(self) -> str | None:
+        from rankstream.deploy.kafka import TopicIds
+        from rankstream.schemas.topics import all_topics
+
+        if self._topic_ids is None:
+            self._topic_ids = TopicIds(self._config, all_topics(self._config.topic_prefix))
+        try:
+            return _incarnation_name(self._topic_ids.read())
+        except BrokerUnavailable:
+            return None
+
     def close(self) -> None:
+        if self._topic_ids is not None:
+            self._topic_ids.close()
         if self._producer is not None:
             try:
                 self._producer.close(timeout=0.5)
@@ -121,3 +143,6 @@ class MemoryTransport:
 
     def close(self) -> None:
         pass
+
+    def incarnation(self) -> str | None:
+        return f"memory-{self.bus.incarnation}" if self.bus.available else None

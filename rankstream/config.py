@@ -83,6 +83,12 @@ class ProducerSettings:
     spool_dir: str = ""
     #: Disk cap of one producer's spool; past it batches are dropped and counted.
     spool_max_bytes: int = 1 << 30
+    #: Acknowledged batches kept to resend if the broker restarts and loses its log: the last
+    #: ``resend_window_s`` seconds, at most ``resend_window_bytes`` (memory on the rank).
+    resend_window_s: float = 60.0
+    resend_window_bytes: int = 64 << 20
+    #: How often a connected producer asks the broker for its topic ids, to notice a restart.
+    broker_check_s: float = 2.0
     heartbeat_interval_s: float = 1.0
     #: How long ``close()`` may wait to deliver what is buffered.
     close_timeout_s: float = 10.0
@@ -90,10 +96,12 @@ class ProducerSettings:
     compression: str = "lz4"
 
     def __post_init__(self) -> None:
-        for name in ("batch_events", "max_buffered_events", "max_inflight_bytes", "spool_max_bytes"):
+        for name in ("batch_events", "max_buffered_events", "max_inflight_bytes", "spool_max_bytes",
+                     "resend_window_bytes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"producer.{name}={getattr(self, name)!r} must be positive")
-        for name in ("flush_interval_s", "heartbeat_interval_s", "close_timeout_s"):
+        for name in ("flush_interval_s", "heartbeat_interval_s", "close_timeout_s", "resend_window_s",
+                     "broker_check_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"producer.{name}={getattr(self, name)!r} must be positive")
         if self.compression not in ("zstd", "lz4", "gzip", "none"):

@@ -1,7 +1,8 @@
 """``rankstream status``: what is running, what was captured, what was lost, and live hangs.
 
-Loss is reported two ways: the producers' own counters (dropped, spooled) from their latest
-heartbeats, and sequence gaps seen by the materializer (messages that never arrived).
+Loss is reported two ways: the producers' own counters from their latest heartbeats (dropped,
+spooled, and after a broker restart the events their resend window no longer held), and sequence
+gaps seen by the materializer (messages that never arrived).
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ WITH latest_heartbeat AS (
     SELECT run_id, count(*) AS fr_entries FROM fr_entries GROUP BY run_id
 ), producers AS (
     SELECT run_id, sum(events_dropped)::BIGINT AS dropped, sum(events_spooled)::BIGINT AS spooled,
+           max(broker_resets)::BIGINT AS broker_resets, sum(events_resent)::BIGINT AS resent,
+           sum(events_not_resent)::BIGINT AS not_resent,
            max(sent_ns) AS last_heartbeat_ns, count(DISTINCT rank) AS ranks_heartbeating
     FROM latest_heartbeat GROUP BY run_id
 )
 SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.run_id) AS ranks_seen,
        r.started_at, r.ended_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
        coalesce(p.dropped, 0) AS dropped, coalesce(p.spooled, 0) AS spooled,
+       coalesce(p.broker_resets, 0) AS broker_resets, coalesce(p.resent, 0) AS resent,
+       coalesce(p.not_resent, 0) AS not_resent,
        coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns
 FROM runs r
 LEFT JOIN batches b USING (run_id) LEFT JOIN gaps g USING (run_id)
@@ -87,16 +92,21 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         lag = m.get("lag_messages")
         console.print(f"materializer: running (pid {m['pid']}), lag {'?' if lag is None else lag} messages, "
                       f"{m.get('events_per_s', 0):,.0f} events/s"
+                      + (f", {m['broker_resets']} broker restart(s) recovered" if m.get("broker_resets") else "")
                       + (f", last error: {m['last_error']}" if m.get("last_error") else ""))
     else:
         console.print("materializer: not running")
     table = Table("run", "world", "ranks", "started", "ended", "events", "fr entries", "dropped",
-                  "spooled", "missing msgs", title="runs")
+                  "spooled", "broker resets", "not resent", "missing msgs", title="runs")
     for run in report["runs"]:
         table.add_row(str(run["run_id"]), str(run["world_size"]), str(run["ranks_seen"]), str(run["started_at"]),
                       str(run["ended_at"] or "running"), f"{run['events']:,}", f"{run['fr_entries']:,}",
-                      f"{run['dropped']:,}", f"{run['spooled']:,}", f"{run['missing_messages']:,}")
+                      f"{run['dropped']:,}", f"{run['spooled']:,}", f"{run['broker_resets']:,}",
+                      f"{run['not_resent']:,}", f"{run['missing_messages']:,}")
     console.print(table)
+    if any(run["not_resent"] or run["missing_messages"] for run in report["runs"]):
+        console.print("not resent: events acknowledged by a broker that then restarted without its log, after the "
+                      "producer's resend window had let them go; missing msgs: sequence gaps in what arrived")
     for finding in report["live_findings"]:
         if finding["kind"] == "hang":
             console.print(f"[bold red]HANG[/] run {finding['run_id']}: ranks {finding['waiting_ranks']} wait in "

@@ -20,7 +20,7 @@ from rankstream.schemas.fields import (
     text,
 )
 
-__all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "FR_FIELDS", "HEARTBEAT_COUNTERS"]
+__all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "FR_FIELDS", "HEARTBEAT_COUNTERS", "RECOVERY_COUNTERS"]
 
 MAX_RECORDS = 100_000
 
@@ -73,6 +73,9 @@ HEARTBEAT_COUNTERS = (
     "buffered_events",
     "spool_bytes",
 )
+
+#: Broker-restart counters (see ``producers.delivery``); optional, as older producers lack them.
+RECOVERY_COUNTERS = ("broker_resets", "events_resent", "events_not_resent")
 
 
 def _records(wire: Any, key: str, what: str) -> list:
@@ -154,6 +157,7 @@ class RankMeta:
 
 
 _HEARTBEAT = {name: (integer, True) for name in HEARTBEAT_COUNTERS} | {
+    name: (integer, False) for name in RECOVERY_COUNTERS} | {
     "final": (boolean, True),
     "collectives": (json_object, False),
 }

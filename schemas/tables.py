@@ -17,7 +17,7 @@ PROJECTION_TABLES = ("trace_events", "fr_entries", "process_groups", "heartbeats
 DERIVED_TABLES = ("findings", "live_findings", "clock_offsets", "step_trace", "rank_slowness", "comm_summary",
                   "comm_matrix", "temporal_breakdown", "op_stats", "analyses_done")
 #: The materializer's own position; a rebuild empties these too.
-BOOKKEEPING_TABLES = ("ingested_batches", "consumer_offsets")
+BOOKKEEPING_TABLES = ("ingested_batches", "consumer_offsets", "bus_incarnation")
 VIEWS = ("ranks", "runs", "fr_entries_latest", "aligned_events")
 
 

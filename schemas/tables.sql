@@ -74,8 +74,15 @@ CREATE TABLE IF NOT EXISTS heartbeats (
     buffered_events  BIGINT,
     spool_bytes      BIGINT,
     final            BOOLEAN,
-    collectives      VARCHAR   -- JSON: last enqueued/started/completed collective per group
+    collectives      VARCHAR,  -- JSON: last enqueued/started/completed collective per group
+    broker_resets    BIGINT,   -- broker restarts the producer noticed (it lost its log each time)
+    events_resent    BIGINT,   -- events resent from the resend window after those restarts
+    events_not_resent BIGINT   -- events the window's byte cap had already let go: lost if unconsumed
 );
+-- Databases created before the broker-restart counters existed get the columns.
+ALTER TABLE heartbeats ADD COLUMN IF NOT EXISTS broker_resets BIGINT;
+ALTER TABLE heartbeats ADD COLUMN IF NOT EXISTS events_resent BIGINT;
+ALTER TABLE heartbeats ADD COLUMN IF NOT EXISTS events_not_resent BIGINT;
 
 -- Every rank-metadata message (a rank re-sends it with each new clock-sync sample).
 CREATE TABLE IF NOT EXISTS rank_metadata (
@@ -159,6 +166,13 @@ CREATE TABLE IF NOT EXISTS ingested_batches (
     topic         VARCHAR NOT NULL,
     partition     INTEGER NOT NULL,
     kafka_offset  BIGINT NOT NULL
+);
+
+-- The topic ids of the broker incarnation the offsets belong to (see deploy/kafka.py). A broker
+-- that lost its log recreates the topics with new ids and restarts offsets at 0.
+CREATE TABLE IF NOT EXISTS bus_incarnation (
+    topic     VARCHAR PRIMARY KEY,
+    topic_id  VARCHAR NOT NULL
 );
 
 -- The next offset to read per partition.
