@@ -9,8 +9,20 @@
 2. **Materializer crashes.** A 400k-event backlog on the real broker; the materializer is
    SIGKILLed ``--kills`` times at random moments (one during ``--rebuild``), then run to the end:
    events emitted vs stored, duplicates.
+3. **Broker restart.** Two ranks stream while the embedded broker is SIGKILLed (losing its
+   in-memory log, including a backlog the paused materializer had not read) and started again:
+   emitted vs stored, repeats, and the recovery time (broker back -> every event emitted before the
+   kill in DuckDB). Then again with a resend window too small for the backlog: the loss is counted.
+4. **Rank SIGKILLed mid-step**, ``--rank-kills`` times: every event emitted more than 1 s before
+   the kill must be in DuckDB.
+5. **64-rank burst.** ``--burst-ranks`` producer processes emit as fast as they can for
+   ``--burst-s`` seconds on this machine's cores: peak lag, peak memory of producers, broker and
+   materializer, emitted / dropped / stored, and the catch-up time after the burst.
+6. **Fuzzed messages** on the real broker and materializer process: ``--fuzz`` malformed messages
+   (tests/reliability/damage.py) interleaved with a valid job: rejects, valid events stored,
+   materializer crashes.
 
-Usage: python bench/soak.py [--steps 300] [--repeats 4] [--kills 20] [--spool-mb 8]
+Usage: python bench/soak.py [--steps 300] [--repeats 4] [--kills 20] [--spool-mb 8] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -183,14 +195,328 @@ def materializer_crashes(root: Path, kills: int) -> dict:
     return {"kills": kills, "emitted": emitted, "stored": stored, "repeats": repeats, "final_catch_up_s": recovered_s}
 
 
+def _wait_until(condition, timeout_s: float, every_s: float = 0.2) -> float | None:
+    """Seconds until ``condition()`` held, or None at the timeout."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(every_s)
+    return None
+
+
+def _materializer_status(config) -> dict:
+    try:
+        return json.loads((config.state_dir / "materializer.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _query(config, sql: str, params=()):
+    from rankstream.consumers.query import connect
+
+    return connect(config.db_path).fetchall(sql, list(params))
+
+
+def broker_restart(root: Path, name: str, window_bytes: int | None, outage_s: float) -> dict:
+    """Two paced ranks; pause the materializer, SIGKILL the broker, start it again, resume."""
+    import threading
+
+    from rankstream.deploy.broker import broker_status, start_broker
+    from rankstream.deploy.services import materializer_pid
+    from rankstream.producers import Producer
+    from rankstream.status import RUNS_SQL
+
+    overrides = {"db_path": root / f"{name}.duckdb", "state_dir": root / f"{name}-state", "broker_port": _free_port(),
+                 "partitions": 4, "producer.broker_check_s": 0.5}
+    if window_bytes is not None:
+        overrides["producer.resend_window_bytes"] = window_bytes
+    config = load_config(overrides, env={})
+    up(config)
+    steps, per_step = 200, 500
+    producers = [Producer(run_id=name, rank=r, world_size=2, config=config) for r in range(2)]
+    done_steps = [0, 0]
+
+    def rank(number: int) -> None:
+        for step in range(steps):
+            for index in range(per_step):
+                producers[number].emit("op", "cpu_op", "X", time.time_ns(), 1000, number, 1, step, None, index)
+            done_steps[number] = step + 1
+            time.sleep(0.04)
+
+    threads = [threading.Thread(target=rank, args=(n,)) for n in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(2.0)
+        materializer = materializer_pid(config)
+        os.kill(materializer, signal.SIGSTOP)  # acknowledged from now on, but not consumed
+        time.sleep(1.5)
+        steps_before_kill = min(done_steps)  # steps 0..this-1 were emitted by both ranks before the kill
+        os.kill(broker_status(config).pid, signal.SIGKILL)
+        time.sleep(outage_s)
+        start_broker(config)
+        back = time.monotonic()
+        os.kill(materializer, signal.SIGCONT)
+        sql = "SELECT count(*) FROM trace_events WHERE run_id = ? AND step < ?"
+        recovered = _wait_until(lambda: _query(config, sql, [name, steps_before_kill])[0][0]
+                                >= 2 * per_step * steps_before_kill, 30, 0.1)
+        recovery_s = None if recovered is None else time.monotonic() - back
+        for thread in threads:
+            thread.join()
+        stats = [p.close(timeout_s=60) for p in producers]
+        total = 2 * steps * per_step
+        _wait_until(lambda: _materializer_status(config).get("events", 0) >= total
+                    and _materializer_status(config).get("lag_messages") == 0, 60, 0.5)
+        time.sleep(2.5)  # one more status period: the final heartbeats are committed too
+        stored, repeats = _query(config, "SELECT (SELECT count(*) FROM trace_events), (SELECT count(*) - "
+                                 "count(DISTINCT (run_id, rank, stream, session_id, seq)) FROM ingested_batches)")[0]
+        from rankstream.consumers.query import connect
+
+        run = connect(config.db_path).arrow(RUNS_SQL).to_pylist()[0]
+    finally:
+        down(config)
+    return {"emitted": total, "stored": stored, "repeats": repeats,
+            "recovery_s": recovery_s, "resets": min(s.broker_resets for s in stats),
+            "resent": sum(s.events_resent for s in stats), "not_resent": run["not_resent"],
+            "missing_messages": run["missing_messages"], "status_resets": run["broker_resets"]}
+
+
+def rank_child(run_id: str, progress: str) -> None:
+    """A rank that streams until it is SIGKILLed, writing (time, events emitted) every 50 ms."""
+    import rankstream
+
+    session = rankstream.init(run_id=run_id, rank=0, world_size=1, fr_tap=False, clock_sync=False)
+    with open(progress, "a") as out:
+        step, last = 0, 0.0
+        while True:
+            rankstream.step(step)
+            with rankstream.span("forward"):
+                for index in range(200):
+                    rankstream.counter("metric", {"value": float(index)})
+            step += 1
+            time.sleep(0.005)
+            if time.monotonic() - last >= 0.05:
+                last = time.monotonic()
+                out.write(f"{time.time()} {session.producer.stats().events_emitted}\n")
+                out.flush()
+
+
+def rank_kills(root: Path, kills: int) -> dict:
+    config = load_config({"db_path": root / "kills.duckdb", "state_dir": root / "kstate", "broker_port": _free_port()},
+                         env={})
+    up(config)
+    rng = random.Random(11)
+    rounds = []
+    try:
+        env = {**os.environ, **config_env(config)}
+        for number in range(kills):
+            run_id, progress = f"killed-{number}", root / f"progress-{number}.txt"
+            child = subprocess.Popen([sys.executable, __file__, "--rank-child", run_id, str(progress)], env=env)
+            _wait_until(lambda: progress.exists() and progress.stat().st_size > 0, 60)
+            time.sleep(rng.uniform(1.5, 4.0))
+            child.send_signal(signal.SIGKILL)
+            killed_at = time.time()
+            child.wait(10)
+            samples = [line.split() for line in progress.read_text().splitlines() if len(line.split()) == 2]
+            due = max((int(n) for t, n in samples if float(t) <= killed_at - 1.0), default=0)
+            sql = "SELECT count(*) FROM trace_events WHERE run_id = ?"
+            _wait_until(lambda: _query(config, sql, [run_id])[0][0] >= due, 30, 0.25)
+            rounds.append({"due": due, "stored": _query(config, sql, [run_id])[0][0],
+                           "emitted": max((int(n) for _, n in samples), default=0)})
+    finally:
+        down(config)
+    return {"kills": kills, "rounds": rounds, "all_kept": all(r["stored"] >= r["due"] > 0 for r in rounds)}
+
+
+def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
+    from rankstream.producers import Producer
+
+    producer = Producer(run_id="burst", rank=rank, world_size=world, config=config)
+    deadline = time.monotonic() + seconds
+    step = 0
+    while time.monotonic() < deadline:
+        for index in range(1000):
+            producer.emit("burst_op", "cpu_op", "X", time.time_ns(), 1000, rank, 1, step, None, index)
+        step += 1
+    emitted_stats = producer.stats()
+    stats = producer.close(timeout_s=120)
+    results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent,
+                 "dropped": stats.events_dropped, "spooled": stats.events_spooled,
+                 "buffered_at_end": emitted_stats.buffered_events,
+                 "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def burst(root: Path, ranks: int, seconds: float) -> dict:
+    """``ranks`` producer processes at full rate, forked (64 interpreter starts would take the burst)."""
+    from rankstream.deploy.broker import broker_status
+    from rankstream.deploy.services import materializer_pid
+
+    caps = {"producer.max_buffered_events": 100_000, "producer.max_inflight_bytes": 16 << 20,
+            "producer.resend_window_bytes": 16 << 20}
+    config = load_config({"db_path": root / "burst.duckdb", "state_dir": root / "bstate", "broker_port": _free_port(),
+                          "partitions": 8, **caps}, env={})
+    up(config)
+    context = mp.get_context("fork")
+    results = context.Queue()
+    try:
+        broker, materializer = broker_status(config).pid, materializer_pid(config)
+        children = [context.Process(target=burst_child, args=(r, ranks, seconds, config, results))
+                    for r in range(ranks)]
+        started = time.monotonic()
+        for child in children:
+            child.start()
+        peak = {"lag": 0, "broker_mb": 0.0, "materializer_mb": 0.0}
+        reports, burst_over = [], None
+        while len(reports) < ranks:
+            now = time.monotonic()
+            if burst_over is None and now - started >= seconds:
+                burst_over = now
+            status = _materializer_status(config)
+            peak["lag"] = max(peak["lag"], status.get("lag_messages") or 0)
+            peak["broker_mb"] = max(peak["broker_mb"], _rss_mb(broker))
+            peak["materializer_mb"] = max(peak["materializer_mb"], _rss_mb(materializer))
+            while not results.empty():
+                reports.append(results.get())
+            time.sleep(0.25)
+        for child in children:
+            child.join(30)
+        sent = sum(r["sent"] for r in reports)
+
+        def caught_up() -> bool:
+            status = _materializer_status(config)
+            peak["materializer_mb"] = max(peak["materializer_mb"], _rss_mb(materializer))
+            return status.get("events", 0) >= sent and status.get("lag_messages") == 0
+
+        _wait_until(caught_up, 600, 0.5)
+        caught_up_s = time.monotonic() - (burst_over or started)
+        stored = _query(config, "SELECT count(*) FROM trace_events WHERE run_id = 'burst'")[0][0]
+    finally:
+        down(config)
+    return {"ranks": ranks, "seconds": seconds, "emitted": sum(r["emitted"] for r in reports), "sent": sent,
+            "dropped": sum(r["dropped"] for r in reports), "spooled": sum(r["spooled"] for r in reports),
+            "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports), **peak,
+            "caps": caps}
+
+
+def fuzz(root: Path, count: int) -> dict:
+    """Malformed messages through the real broker into a real materializer process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kafka import KafkaProducer
+
+    from rankstream.deploy.kafka import client_options
+    from rankstream.deploy.memory_bus import MemoryBus
+    from rankstream.deploy.services import materializer_pid
+    from rankstream.producers import Producer
+    from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+    from tests.reliability.damage import MUTATIONS, mutate
+
+    config = load_config({"db_path": root / "fuzz.duckdb", "state_dir": root / "fstate", "broker_port": _free_port(),
+                          "partitions": 4}, env={})
+    memory = MemoryBus(partitions=1)
+    emitted = 0
+    for rank in range(2):  # the valid job, captured first, so it can be interleaved with damage
+        producer = Producer(run_id="fuzzed", rank=rank, world_size=2, config=config, bus=memory)
+        emitted += run_synthetic_rank(SyntheticJob("fuzzed", 2, 20, events_per_step=200), rank, producer)
+        producer.close()
+    valid = [(r.topic, r.key, r.value) for t in memory.topics() for r in memory.read(t, 0, 0, 10**7)]
+    rng = random.Random(5)
+    bad = [mutate(rng.choice(valid), rng.choice(MUTATIONS), rng) for _ in range(count)]
+    mixed = bad + valid
+    rng.shuffle(mixed)
+    up(config)
+    try:
+        pid = materializer_pid(config)
+        sender = KafkaProducer(**client_options(config), max_request_size=24 << 20)
+        for topic, key, value in mixed:
+            sender.send(topic, key=key, value=value)
+        sender.flush(60)
+        sender.close()
+        _wait_until(lambda: _materializer_status(config).get("lag_messages") == 0
+                    and _materializer_status(config).get("messages", 0) >= len(mixed), 300, 0.5)
+        alive = materializer_pid(config) == pid
+        rejects, events = _query(config, "SELECT (SELECT count(*) FROM rejects WHERE reason <> ''), "
+                                 "(SELECT count(*) FROM trace_events WHERE run_id = 'fuzzed')")[0]
+    finally:
+        down(config)
+    return {"tried": count, "rejects": rejects, "valid_events": emitted, "stored_events": events,
+            "materializer_survived": alive}
+
+
+SECTIONS = ("burst", "broker-down", "materializer-crash", "broker-restart", "rank-kill", "fuzz")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--spool-mb", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=4, help="runs per mode (step times vary ~10%% run to run)")
+    parser.add_argument("--outage-s", type=float, default=2.0, help="how long the restarted broker is gone")
+    parser.add_argument("--rank-kills", type=int, default=5)
+    parser.add_argument("--burst-ranks", type=int, default=64)
+    parser.add_argument("--burst-s", type=float, default=10.0)
+    parser.add_argument("--fuzz", type=int, default=10_000, help="malformed messages sent through the real broker")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--rank-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rank_child:
+        rank_child(*args.rank_child)
+        return
     root = Path(tempfile.mkdtemp(prefix="rankstream-soak-"))
+    if "burst" in args.only:  # first: it forks, which is safest before this process starts any thread
+        row = burst(root, args.burst_ranks, args.burst_s)
+        print(f"== {row['ranks']}-rank burst: producer processes emitting at full rate for {row['seconds']:.0f} s "
+              f"on this machine's {os.cpu_count()} cores")
+        print(f"  events emitted {row['emitted']:,}, dropped by the producers' caps {row['dropped']:,}, "
+              f"sent {row['sent']:,}, spooled {row['spooled']:,}, stored {row['stored']:,}")
+        print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended")
+        print(f"  peak RSS: producer {row['producer_mb']:.0f} MB (caps {row['caps']}), broker {row['broker_mb']:.0f} MB, "
+              f"materializer {row['materializer_mb']:.0f} MB")
+    if "broker-down" in args.only:
+        broker_down_section(root, args)
+    if "materializer-crash" in args.only:
+        row = materializer_crashes(root, args.kills)
+        print(f"== materializer SIGKILLed {row['kills']} times mid-stream (one during --rebuild)")
+        print(f"  events emitted {row['emitted']:,}, stored {row['stored']:,}, repeated batches {row['repeats']}; "
+              f"final catch-up {row['final_catch_up_s']:.1f} s")
+    if "broker-restart" in args.only:
+        for name, window in (("restart", None), ("restart-small-window", 256 << 10)):
+            row = broker_restart(root, name, window, args.outage_s)
+            label = "default resend window" if window is None else f"resend window cut to {window >> 10} KB"
+            print(f"== broker SIGKILLed and restarted after {args.outage_s:.0f} s, materializer paused across it "
+                  f"({label})")
+            recovery = "never (within 30 s)" if row["recovery_s"] is None else f"{row['recovery_s']:.1f} s"
+            print(f"  events emitted {row['emitted']:,}, stored {row['stored']:,}, repeated batches {row['repeats']}; "
+                  f"resent {row['resent']:,}; every event emitted before the kill stored {recovery} after the "
+                  "broker was back")
+            print(f"  restarts seen by every producer {row['resets']}, in status {row['status_resets']}; counted as "
+                  f"not resent {row['not_resent']:,}, missing messages {row['missing_messages']:,} "
+                  f"(lost events: {row['emitted'] - row['stored']:,})")
+    if "rank-kill" in args.only:
+        row = rank_kills(root, args.rank_kills)
+        print(f"== a rank SIGKILLed mid-step, {row['kills']} times")
+        for r in row["rounds"]:
+            print(f"  emitted {r['emitted']:,} (of which {r['due']:,} more than 1 s before the kill), stored {r['stored']:,}")
+        print(f"  every event emitted more than 1 s before the kill stored: {row['all_kept']}")
+    if "fuzz" in args.only:
+        row = fuzz(root, args.fuzz)
+        print(f"== {row['tried']:,} malformed messages through the real broker, interleaved with a valid job")
+        print(f"  rejected with a reason {row['rejects']:,}; valid events stored {row['stored_events']:,} of "
+              f"{row['valid_events']:,}; materializer crashes {0 if row['materializer_survived'] else 'at least 1'}")
+
+
+def broker_down_section(root: Path, args) -> None:
     row = broker_down(root, args.steps, args.spool_mb, args.repeats)
     print(f"== broker down for a whole 2-rank gloo run ({args.repeats} x {args.steps} steps per mode, interleaved; "
           "spans + counters + FR tap)")
@@ -202,10 +528,6 @@ def main() -> None:
     print(f"  producer last_error: {row['last_error']}")
     print(f"  broker back: {row['arrived']:,} of {row['spooled']:,} spooled events in DuckDB after {row['drained_s']:.1f} s "
           "(broker + materializer start, ranks resend their spools)")
-    row = materializer_crashes(root, args.kills)
-    print(f"== materializer SIGKILLed {row['kills']} times mid-stream (one during --rebuild)")
-    print(f"  events emitted {row['emitted']:,}, stored {row['stored']:,}, repeated batches {row['repeats']}; "
-          f"final catch-up {row['final_catch_up_s']:.1f} s")
 
 
 if __name__ == "__main__":
