@@ -351,7 +351,11 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
         step += 1
     emitted_stats = producer.stats()
     stats = producer.close(timeout_s=120)
-    results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent,
+    from rankstream.producers.spool import Spool
+
+    spool = Spool(config.spool_dir, "burst", rank, config.producer.spool_max_bytes)
+    left = sum(m.events for path in sorted(spool.directory.glob("*.seg")) for m in spool.read_segment(path))
+    results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent, "left_in_spool": left,
                  "dropped": stats.events_dropped, "spooled": stats.events_spooled,
                  "buffered_at_end": emitted_stats.buffered_events,
                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
@@ -373,6 +377,7 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
         broker, materializer = broker_status(config).pid, materializer_pid(config)
         children = [context.Process(target=burst_child, args=(r, ranks, seconds, config, results))
                     for r in range(ranks)]
+        base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # every child starts as this
         started = time.monotonic()
         for child in children:
             child.start()
@@ -405,7 +410,7 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
         down(config)
     return {"ranks": ranks, "seconds": seconds, "emitted": sum(r["emitted"] for r in reports), "sent": sent,
             "dropped": sum(r["dropped"] for r in reports), "spooled": sum(r["spooled"] for r in reports),
-            "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports), **peak,
+            "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports), "base_mb": base_mb, **peak,
             "caps": caps}
 
 
@@ -478,10 +483,12 @@ def main() -> None:
         row = burst(root, args.burst_ranks, args.burst_s)
         print(f"== {row['ranks']}-rank burst: producer processes emitting at full rate for {row['seconds']:.0f} s "
               f"on this machine's {os.cpu_count()} cores")
-        print(f"  events emitted {row['emitted']:,}, dropped by the producers' caps {row['dropped']:,}, "
-              f"sent {row['sent']:,}, spooled {row['spooled']:,}, stored {row['stored']:,}")
+        print(f"  events accepted {row['emitted']:,} (dropped at the producers' caps {row['dropped']:,}); stored "
+              f"{row['stored']:,}, left in the spools at exit {row['left_in_spool']:,} (resent when a rank restarts); "
+              f"spooled at some point {row['spooled']:,}")
         print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended")
-        print(f"  peak RSS: producer {row['producer_mb']:.0f} MB (caps {row['caps']}), broker {row['broker_mb']:.0f} MB, "
+        print(f"  peak RSS: producer process {row['producer_mb']:.0f} MB, of which {row['base_mb']:.0f} MB before it "
+              f"started (forked from this process; caps {row['caps']}), broker {row['broker_mb']:.0f} MB, "
               f"materializer {row['materializer_mb']:.0f} MB")
     if "broker-down" in args.only:
         broker_down_section(root, args)

@@ -156,6 +156,8 @@ class Delivery:
             self.pump()
         self._transport.flush(max(0.0, deadline - time.monotonic()))
         self.pump()
+        self._transport.close()  # what is still unacknowledged fails back to us, and is spooled below
+        self._drain_failed()
         while self._pending:
             message = self._pending.popleft()
             self._pending_bytes -= len(message.value)

@@ -115,9 +115,26 @@ class KafkaTransport:
         if self._producer is not None:
             try:
                 self._producer.close(timeout=0.5)
-            except Exception:
-                pass
+            except Exception:  # its flush timed out: abandon what is still in flight
+                _abandon(self._producer)
             self._producer = None
+
+
+def _abandon(producer) -> None:
+    """Force-close a KafkaProducer whose graceful close timed out.
+
+    kafka-python has no public call for this; without it the producer stays half-open and its
+    ``__del__`` prints a traceback at exit. Force-closing fails every unacknowledged batch, so
+    their errbacks hand the messages back to ``Delivery``, which spools them.
+    """
+    sender = getattr(producer, "_sender", None)
+    try:
+        if sender is not None:
+            sender.force_close()
+            sender.join(2.0)
+        producer._closed = True
+    except Exception:
+        pass
 
 
 class MemoryTransport:
