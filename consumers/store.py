@@ -11,10 +11,11 @@ message is applied exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -27,7 +28,7 @@ from rankstream.schemas.envelope import Envelope
 from rankstream.schemas.tables import BOOKKEEPING_TABLES, PROJECTION_TABLES, ddl
 from rankstream.schemas.topics import parse_message_key
 
-__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable"]
+__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable", "transaction"]
 
 
 @dataclass
@@ -38,6 +39,37 @@ class WriteResult:
     rejected: int = 0
     events: int = 0
     rows: dict[str, int] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def transaction(connection: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """BEGIN ... COMMIT, rolled back on any error. The error raised is the one that broke the
+    transaction: a failing ROLLBACK (the connection is already unusable, e.g. the disk is full)
+    must not replace it with a vaguer "transaction is aborted"."""
+    connection.execute("BEGIN")
+    try:
+        yield connection
+        connection.execute("COMMIT")
+    except BaseException:
+        try:
+            connection.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+        raise
+
+
+@contextlib.contextmanager
+def _registered(connection: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> Iterator[None]:
+    """An Arrow table visible to SQL as ``name`` for the block. Unregistering fails in an aborted
+    transaction; that failure is dropped so the error that aborted it is the one raised."""
+    connection.register(name, table)
+    try:
+        yield
+    finally:
+        try:
+            connection.unregister(name)
+        except duckdb.Error:
+            pass
 
 
 def open_writable(path: Path, wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
@@ -82,18 +114,12 @@ class Store:
     def adopt_incarnation(self, topic_ids: Mapping[str, str], *, forget_offsets: bool) -> None:
         """Record the broker's topic ids; with ``forget_offsets`` (a new incarnation) also drop the
         stored offsets, in the same transaction, so a crash cannot pair old offsets with the new log."""
-        con = self.connection
-        con.execute("BEGIN")
-        try:
+        with transaction(self.connection) as con:
             if forget_offsets:
                 con.execute("DELETE FROM consumer_offsets")
             con.execute("DELETE FROM bus_incarnation")
             for topic, topic_id in topic_ids.items():
                 con.execute("INSERT INTO bus_incarnation VALUES (?, ?)", [topic, topic_id])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
 
     def reset(self) -> None:
         """Empty every projection and the stored offsets: the next read starts at offset 0."""
@@ -113,9 +139,7 @@ class Store:
         result = WriteResult(messages=batch.messages, duplicates=batch.duplicates, rejected=len(batch.rejects))
         if not batch.messages:
             return result
-        con = self.connection
-        con.execute("BEGIN")
-        try:
+        with transaction(self.connection):
             known = self._known_messages(batch.keys)
             result.duplicates += len(known)
             for table, arrow in batch.tables.items():
@@ -129,10 +153,6 @@ class Store:
             if keys.num_rows:
                 self._insert("ingested_batches", keys)
             self._advance(batch.next_offsets)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
         result.accepted = batch.keys.num_rows - len(known)
         result.events = result.rows.get("trace_events", 0)
         return result
@@ -141,25 +161,19 @@ class Store:
         if MESSAGE_COLUMN in arrow.column_names:
             arrow = arrow.drop_columns([MESSAGE_COLUMN])
         name = f"_incoming_{table}"
-        self.connection.register(name, arrow)
-        try:
+        with _registered(self.connection, name, arrow):
             self.connection.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
-        finally:
-            self.connection.unregister(name)
 
     def _known_messages(self, keys: pa.Table) -> set[int]:
         """Indexes (within the poll) of messages whose batch key is already stored."""
         if not keys.num_rows:
             return set()
-        self.connection.register("_candidate_keys", keys)
-        try:
+        with _registered(self.connection, "_candidate_keys", keys):
             known = self.connection.execute(
                 f"SELECT c.{MESSAGE_COLUMN} FROM _candidate_keys c SEMI JOIN ingested_batches b "
                 "ON b.run_id = c.run_id AND b.rank = c.rank AND b.stream = c.stream "
                 "AND b.session_id = c.session_id AND b.seq = c.seq"
             ).fetchall()
-        finally:
-            self.connection.unregister("_candidate_keys")
         return {index for (index,) in known}
 
     def _advance(self, next_offsets: dict[tuple[str, int], int]) -> None:
@@ -168,11 +182,8 @@ class Store:
             "partition": pa.array([p for _, p in next_offsets], pa.int32()),
             "next_offset": pa.array(list(next_offsets.values()), pa.int64()),
         })
-        self.connection.register("_offsets", table)
-        try:
+        with _registered(self.connection, "_offsets", table):
             self.connection.execute("INSERT OR REPLACE INTO consumer_offsets SELECT * FROM _offsets")
-        finally:
-            self.connection.unregister("_offsets")
 
 
 _REJECT_SCHEMA = pa.schema([

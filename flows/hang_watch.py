@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from rankstream.consumers.store import transaction
+
 __all__ = ["LiveFinding", "detect", "HangWatch"]
 
 _WINDOW_NS = 600 * 10**9
@@ -158,16 +160,11 @@ class HangWatch:
     def check(self) -> list[LiveFinding]:
         findings = detect(self._cursor, stall_s=self._stall, dead_s=self._dead)
         cursor = self._cursor
-        cursor.execute("BEGIN")
-        try:
+        with transaction(cursor):
             cursor.execute("DELETE FROM live_findings")
             for f in findings:
                 cursor.execute("INSERT INTO live_findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                [f.run_id, time.time_ns(), f.kind, f.pg_name, f.seq, f.op, f.since_ns,
                                 f.culprit_ranks, f.waiting_ranks, json.dumps(f.detail)])
-            cursor.execute("COMMIT")
-        except BaseException:
-            cursor.execute("ROLLBACK")
-            raise
         self.passes += 1
         return findings
