@@ -136,19 +136,24 @@ class Store:
 
     def commit(self, batch: "PreparedBatch") -> WriteResult:
         """Apply a prepared poll in one transaction: rows, rejects, batch keys and offsets."""
-        result = WriteResult(messages=batch.messages, duplicates=batch.duplicates, rejected=len(batch.rejects))
+        result = WriteResult(messages=batch.messages, rejected=len(batch.rejects))
         if not batch.messages:
             return result
         with transaction(self.connection):
-            known = self._known_messages(batch.keys)
-            result.duplicates += len(known)
+            known, conflicts = self._known_messages(batch.keys)
+            conflicting = [batch.conflict_reject(index, reason) for index, reason in conflicts.items()]
+            conflicting_repeats = [batch.conflict_reject(index, conflicts[index], record)
+                                   for index, record in batch.repeats if index in conflicts]
+            result.duplicates = len(known) - len(conflicts) + len(batch.repeats) - len(conflicting_repeats)
+            conflicting += conflicting_repeats
+            result.rejected += len(conflicting)
             for table, arrow in batch.tables.items():
                 arrow = _without_messages(arrow, known)
                 if arrow.num_rows:
                     self._insert(table, arrow)
                 result.rows[table] = arrow.num_rows
-            if batch.rejects:
-                self._insert("rejects", pa.Table.from_pylist(batch.rejects, schema=_REJECT_SCHEMA))
+            if batch.rejects or conflicting:
+                self._insert("rejects", pa.Table.from_pylist(batch.rejects + conflicting, schema=_REJECT_SCHEMA))
             keys = _without_messages(batch.keys, known)
             if keys.num_rows:
                 self._insert("ingested_batches", keys)
@@ -164,17 +169,20 @@ class Store:
         with _registered(self.connection, name, arrow):
             self.connection.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
 
-    def _known_messages(self, keys: pa.Table) -> set[int]:
-        """Indexes (within the poll) of messages whose batch key is already stored."""
+    def _known_messages(self, keys: pa.Table) -> tuple[set[int], dict[int, str]]:
+        """Indexes (within the poll) of messages whose batch key is already stored, and among them
+        the conflicting repeats (a different kind or event count under the same key) with a reason."""
         if not keys.num_rows:
-            return set()
+            return set(), {}
         with _registered(self.connection, "_candidate_keys", keys):
             known = self.connection.execute(
-                f"SELECT c.{MESSAGE_COLUMN} FROM _candidate_keys c SEMI JOIN ingested_batches b "
-                "ON b.run_id = c.run_id AND b.rank = c.rank AND b.stream = c.stream "
+                f"SELECT c.{MESSAGE_COLUMN}, b.kind, b.events, c.kind, c.events FROM _candidate_keys c "
+                "JOIN ingested_batches b ON b.run_id = c.run_id AND b.rank = c.rank AND b.stream = c.stream "
                 "AND b.session_id = c.session_id AND b.seq = c.seq"
             ).fetchall()
-        return {index for (index,) in known}
+        conflicts = {index: _conflict_reason(stored, (kind, events))
+                     for index, *stored, kind, events in known if tuple(stored) != (kind, events)}
+        return {index for index, *_ in known}, conflicts
 
     def _advance(self, next_offsets: dict[tuple[str, int], int]) -> None:
         table = pa.table({
@@ -198,21 +206,31 @@ class PreparedBatch:
     """One poll, decoded and projected, ready for one transaction. Built without the database."""
 
     messages: int
-    duplicates: int
     rejects: list[dict]
+    #: Later copies in this poll of an accepted message, as (its index, record): resends, unless
+    #: the accepted copy turns out at commit to conflict with a stored batch, then rejects too.
+    repeats: list[tuple[int, Record]]
     #: One row per accepted message (its batch key), with the ``MESSAGE_COLUMN`` index.
     keys: pa.Table
     #: Projected rows per table, each row tagged with its message's ``MESSAGE_COLUMN`` index.
     tables: dict[str, pa.Table]
     next_offsets: dict[tuple[str, int], int]
+    #: The accepted messages' records, by ``MESSAGE_COLUMN`` index (for a reject found at commit).
+    records: list[Record] = field(default_factory=list)
+
+    def conflict_reject(self, index: int, reason: str, record: Record | None = None) -> dict:
+        """The rejects row of accepted message ``index`` (or of ``record``, a copy of it in this poll),
+        found at commit to conflict with a stored batch."""
+        keys = self.keys.slice(index, 1).to_pylist()[0]
+        return _reject_row(record or self.records[index], DecodeFailure(reason, keys["run_id"], keys["rank"]))
 
 
 def prepare(records: list[Record]) -> PreparedBatch:
     """Decode and project a poll. Pure computation, so it can run while the previous poll commits."""
     accepted: list[tuple[Record, Envelope]] = []
     rejects: list[dict] = []
-    seen: set = set()
-    duplicates = 0
+    seen: dict = {}  # batch key -> (index in accepted, (kind, events)) of the first message with that key
+    repeats: list[tuple[int, Record]] = []
     next_offsets: dict[tuple[str, int], int] = {}
     for record in records:
         position = (record.topic, record.partition)
@@ -224,16 +242,20 @@ def prepare(records: list[Record]) -> PreparedBatch:
                                     f"{decoded.run_id!r} rank {decoded.rank}", decoded.run_id, decoded.rank)
         if isinstance(decoded, DecodeFailure):
             rejects.append(_reject_row(record, decoded))
-        elif decoded.key in seen:
-            duplicates += 1
-        else:
-            seen.add(decoded.key)
+        elif decoded.key not in seen:
+            seen[decoded.key] = (len(accepted), _content(decoded))
             accepted.append((record, decoded))
+        elif seen[decoded.key][1] == _content(decoded):
+            repeats.append((seen[decoded.key][0], record))  # a resend, unless its first copy conflicts
+        else:
+            rejects.append(_reject_row(record, DecodeFailure(
+                _conflict_reason(seen[decoded.key][1], _content(decoded)), decoded.run_id, decoded.rank)))
     return PreparedBatch(
         messages=len(records),
-        duplicates=duplicates,
         rejects=rejects,
+        repeats=repeats,
         keys=_batch_keys(accepted),
+        records=[record for record, _ in accepted],
         tables=project([envelope for _, envelope in accepted]),
         next_offsets=next_offsets,
     )
@@ -259,6 +281,16 @@ def _reject_row(record: Record, failure: DecodeFailure) -> dict:
     }
 
 
+def _content(envelope: Envelope) -> tuple[str, int]:
+    """What a resend must repeat exactly: the payload kind and its event count."""
+    return envelope.kind.value, getattr(envelope.payload, "count", 0)
+
+
+def _conflict_reason(first: tuple[str, int], repeat: tuple[str, int]) -> str:
+    return (f"conflicting repeat: this batch key was first a {first[0]} of {first[1]} events, the repeat is a "
+            f"{repeat[0]} of {repeat[1]} events (a resend repeats its batch exactly)")
+
+
 def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
     return pa.table({
         MESSAGE_COLUMN: pa.array(range(len(accepted)), pa.int32()),
@@ -268,7 +300,7 @@ def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
         "session_id": pa.array([e.session_id for _, e in accepted], pa.string()),
         "seq": pa.array([e.seq for _, e in accepted], pa.int64()),
         "kind": pa.array([e.kind.value for _, e in accepted], pa.string()),
-        "events": pa.array([getattr(e.payload, "count", 0) for _, e in accepted], pa.int64()),
+        "events": pa.array([_content(e)[1] for _, e in accepted], pa.int64()),
         "topic": pa.array([r.topic for r, _ in accepted], pa.string()),
         "partition": pa.array([r.partition for r, _ in accepted], pa.int32()),
         "kafka_offset": pa.array([r.offset for r, _ in accepted], pa.int64()),

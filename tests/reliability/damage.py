@@ -2,6 +2,8 @@
 
 ``mutate(message, how, rng)`` turns one valid ``(topic, key, value)`` into a malformed one: each
 ``how`` in ``MUTATIONS`` is one kind of damage a hostile or broken producer could send.
+``with_payload_of`` and ``with_seq`` make the messages that are wrong only next to others: a repeat
+of a batch key with different content, and a sequence gap.
 """
 
 import math
@@ -61,4 +63,20 @@ def mutate(message_tuple, how: str, rng) -> tuple:
         key = message_key("another-run", 0)
     elif how == "payload_type":
         message["payload"] = rng.choice([42, "text", [1, 2, 3], None, b"raw"])
+    return topic, key, msgpack.packb(message, use_bin_type=True)
+
+
+def with_payload_of(message_tuple, other_tuple) -> tuple:
+    """``message``'s envelope (so its batch key) carrying ``other``'s payload: a conflicting repeat."""
+    topic, key, value = message_tuple
+    message = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    message["payload"] = msgpack.unpackb(other_tuple[2], raw=False, strict_map_key=False)["payload"]
+    return topic, key, msgpack.packb(message, use_bin_type=True)
+
+
+def with_seq(message_tuple, seq: int) -> tuple:
+    """The same message under another sequence number (past the stream's end: a gap)."""
+    topic, key, value = message_tuple
+    message = msgpack.unpackb(value, raw=False, strict_map_key=False)
+    message["seq"] = seq
     return topic, key, msgpack.packb(message, use_bin_type=True)

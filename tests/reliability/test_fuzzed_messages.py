@@ -5,9 +5,11 @@ Malformed messages are made from real ones (a synthetic job's messages) by hypot
 or random bytes, wrong types, missing fields, huge strings and arrays, deep nesting, NaN and
 infinite numbers, negative or absurd durations, unknown envelope and payload versions and kinds,
 and a message filed under another run's key. 100 examples x 100 messages = 10,000 by default
-(``--long``: 100,000).
+(``--long``: 100,000). Conflicting repeats (a batch key seen before, with other content) come after
+the interleaving: the first message with a key is the one kept.
 """
 
+import dataclasses
 import random
 
 import duckdb
@@ -22,7 +24,10 @@ from rankstream.producers import Producer
 from rankstream.schemas import all_topics
 from rankstream.synthetic import SyntheticJob, run_synthetic_rank
 
-from .damage import MUTATIONS, mutate
+from rankstream.schemas.codec import decode
+from rankstream.status import RUNS_SQL
+
+from .damage import MUTATIONS, mutate, with_payload_of, with_seq
 
 PER_EXAMPLE = 100
 
@@ -33,6 +38,7 @@ def valid_messages(tmp_path_factory):
     from rankstream.config import load_config
 
     config = load_config({"state_dir": tmp_path_factory.mktemp("fuzz"), "topic_prefix": "fz"}, env={})
+    config = config.with_overrides(**{"producer.batch_events": 50})  # several batches per rank, uneven
     bus = MemoryBus(partitions=2)
     emitted = 0
     for rank in range(2):
@@ -43,9 +49,11 @@ def valid_messages(tmp_path_factory):
     return [(r.topic, r.key, r.value) for r in records], emitted
 
 
-def _store_tables(store):
-    return {t: store.connection.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
-            for t in ("trace_events", "rejects", "ingested_batches")}
+def _conflicting_pairs(messages) -> list[tuple[int, int]]:
+    """(i, j): trace batches i and j whose event counts differ, so j's payload under i's key conflicts."""
+    counts = {i: decode(value).payload.count for i, (_, _, value) in enumerate(messages)
+              if decode(value).kind.value == "trace_batch"}
+    return [(i, j) for i in counts for j in counts if counts[i] != counts[j]]
 
 
 def consume_all(bus):
@@ -60,13 +68,15 @@ def consume_all(bus):
 def test_malformed_messages_are_rejected_and_valid_ones_all_arrive(valid_messages, long_mode):
     messages, emitted = valid_messages
     examples = 1000 if long_mode else 100
+    pairs = _conflicting_pairs(messages)
     tried = []
 
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(st.lists(st.tuples(st.integers(0, len(messages) - 1), st.sampled_from(MUTATIONS), st.integers(0, 2**32)),
-                    min_size=PER_EXAMPLE, max_size=PER_EXAMPLE), st.randoms(use_true_random=False))
-    def run(plan, order):
+                    min_size=PER_EXAMPLE, max_size=PER_EXAMPLE), st.randoms(use_true_random=False),
+           st.lists(st.sampled_from(pairs), max_size=5, unique=True))
+    def run(plan, order, repeats):
         bad = [mutate(messages[index], how, random.Random(seed)) for index, how, seed in plan]
         bus = MemoryBus(partitions=2)
         interleaved = bad + list(messages)
@@ -74,6 +84,9 @@ def test_malformed_messages_are_rejected_and_valid_ones_all_arrive(valid_message
         for topic, key, value in interleaved:
             bus.append(topic, key, value)
         bus.append(*messages[0])  # a repeat of a valid message: deduplicated, not rejected
+        bad += [with_payload_of(messages[i], messages[j]) for i, j in repeats]
+        for message in bad[len(plan):]:
+            bus.append(*message)
         store = consume_all(bus)
         rejects = store.connection.execute("SELECT count(*), count(*) FILTER (WHERE reason <> '') FROM rejects").fetchall()[0]
         events = store.connection.execute("SELECT count(*) FROM trace_events").fetchall()[0][0]
@@ -97,3 +110,28 @@ def test_each_kind_of_damage_is_rejected_with_a_reason(valid_messages, how):
     store = consume_all(bus)
     reasons = store.connection.execute("SELECT reason FROM rejects").fetchall()
     assert len(reasons) == len(range(0, len(messages), 3)) and all(r for (r,) in reasons), how
+
+
+def test_repeats_and_sequence_gaps(valid_messages):
+    """An exact repeat is a resend (stored once); a repeat with other content is rejected with a
+    reason; a message past a gap is kept and the gap shows in ``status`` as missing messages."""
+    messages, emitted = valid_messages
+    first, other = _conflicting_pairs(messages)[0]
+    original = decode(messages[first][2])
+    def stream_of(envelope):
+        return dataclasses.replace(envelope.key, seq=0)
+
+    last_seq = max(e.seq for e in (decode(v) for _, _, v in messages) if stream_of(e) == stream_of(original))
+    bus = MemoryBus(partitions=2)
+    for message in messages:
+        bus.append(*message)
+    bus.append(*messages[first])
+    bus.append(*with_payload_of(messages[first], messages[other]))
+    bus.append(*with_seq(messages[first], last_seq + 5))  # seqs last+1 .. last+4 never arrive
+    store = consume_all(bus)
+    con = store.connection
+    reasons = [r for (r,) in con.execute("SELECT reason FROM rejects").fetchall()]
+    assert len(reasons) == 1 and reasons[0].startswith("conflicting repeat"), reasons
+    assert con.execute("SELECT count(*) FROM trace_events").fetchall()[0][0] == emitted + original.payload.count
+    missing = {row["run_id"]: row["missing_messages"] for row in con.execute(RUNS_SQL).to_arrow_table().to_pylist()}
+    assert missing == {"fuzz": 4}
