@@ -62,10 +62,17 @@ def train(rank: int, world: int, port: int, streaming: bool, steps: int, out: st
     """One rank: the demo model, spans around the phases when ``streaming``."""
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    # one core and one intra-op thread per rank (torchrun's OMP_NUM_THREADS=1): without pinning, the
+    # scheduler's placement differs run to run and moves the mean step time by ~10%, more than the
+    # effect measured; pinned, the rank's own background threads (sender, FR tap) share its core,
+    # so their cost shows in its step time
+    os.sched_setaffinity(0, {rank % os.cpu_count()})
     import contextlib
 
     import torch
     import torch.distributed as dist
+
+    torch.set_num_threads(1)
 
     import rankstream
 
@@ -129,7 +136,8 @@ def broker_down(root: Path, steps: int, spool_mb: int, repeats: int) -> dict:
             runs[mode].append([json.loads(Path(root, f"{mode}-rank{r}.json").read_text()) for r in range(2)])
     mean = {mode: statistics.mean(statistics.mean(r["step_s"]) for run in rs for r in run) for mode, rs in runs.items()}
     # each interleaved pair of runs gives one ratio; their spread says how far the VM's noise reaches
-    pairs = [statistics.mean(statistics.mean(r["step_s"]) for r in on) / statistics.mean(statistics.mean(r["step_s"]) for r in off)
+    # medians: a GC pause or a stolen VM slice moves a run's mean by several percent, not its median
+    pairs = [statistics.mean(statistics.median(r["step_s"]) for r in on) / statistics.mean(statistics.median(r["step_s"]) for r in off)
              for on, off in zip(runs["on"], runs["off"])]
     spread = 2 * statistics.stdev(pairs) / len(pairs) ** 0.5 if len(pairs) > 1 else float("nan")
     last = runs["on"][-1]
@@ -347,6 +355,7 @@ def rank_kills(root: Path, kills: int) -> dict:
 def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     from rankstream.producers import Producer
 
+    before_mb = _rss_mb(os.getpid())  # what the fork inherited, before any producer existed
     producer = Producer(run_id="burst", rank=rank, world_size=world, config=config)
     deadline = time.monotonic() + seconds
     step = 0
@@ -363,7 +372,7 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent, "left_in_spool": left,
                  "dropped": stats.events_dropped, "spooled": stats.events_spooled,
                  "buffered_at_end": emitted_stats.buffered_events,
-                 "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+                 "rss_mb": _rss_mb(os.getpid(), "VmHWM"), "before_mb": before_mb})
 
 
 def burst(root: Path, ranks: int, seconds: float) -> dict:
@@ -382,7 +391,6 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
         broker, materializer = broker_status(config).pid, materializer_pid(config)
         children = [context.Process(target=burst_child, args=(r, ranks, seconds, config, results))
                     for r in range(ranks)]
-        base_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # every child starts as this
         started = time.monotonic()
         for child in children:
             child.start()
@@ -415,7 +423,8 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
         down(config)
     return {"ranks": ranks, "seconds": seconds, "emitted": sum(r["emitted"] for r in reports), "sent": sent,
             "dropped": sum(r["dropped"] for r in reports), "spooled": sum(r["spooled"] for r in reports),
-            "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports), "base_mb": base_mb, **peak,
+            "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports),
+            "growth_mb": max(r["rss_mb"] - r["before_mb"] for r in reports), **peak,
             "caps": caps}
 
 
@@ -492,8 +501,8 @@ def main() -> None:
               f"{row['stored']:,}, left in the spools at exit {row['left_in_spool']:,} (resent when a rank restarts); "
               f"spooled at some point {row['spooled']:,}")
         print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended")
-        print(f"  peak RSS: producer process {row['producer_mb']:.0f} MB, of which {row['base_mb']:.0f} MB before it "
-              f"started (forked from this process; caps {row['caps']}), broker {row['broker_mb']:.0f} MB, "
+        print(f"  peak RSS: producer process {row['producer_mb']:.0f} MB, at most {row['growth_mb']:.0f} MB more than "
+              f"before its producer existed (caps {row['caps']}), broker {row['broker_mb']:.0f} MB, "
               f"materializer {row['materializer_mb']:.0f} MB")
     if "broker-down" in args.only:
         broker_down_section(root, args)
@@ -519,7 +528,7 @@ def main() -> None:
         row = rank_kills(root, args.rank_kills)
         print(f"== a rank SIGKILLed mid-step, {row['kills']} times")
         for r in row["rounds"]:
-            print(f"  emitted {r['emitted']:,} (of which {r['due']:,} more than 1 s before the kill), stored {r['stored']:,}")
+            print(f"  emitted {r['emitted']:,} at the last progress note (of which {r['due']:,} more than 1 s before the kill), stored {r['stored']:,}")
         print(f"  every event emitted more than 1 s before the kill stored: {row['all_kept']}")
     if "fuzz" in args.only:
         row = fuzz(root, args.fuzz)
@@ -534,8 +543,8 @@ def broker_down_section(root: Path, args) -> None:
           "spans + counters + FR tap)")
     print(f"  step time: without rankstream {row['off_ms']:.2f} ms, with rankstream and no broker {row['on_ms']:.2f} ms "
           f"-> {100 * (row['ratio'] - 1):+.1f}% (target within 5%)")
-    print(f"  per interleaved pair: {100 * (row['pair_ratio'] - 1):+.1f}% +- {100 * row['pair_spread']:.1f}% "
-          f"(two standard errors over {args.repeats} pairs)")
+    print(f"  median step time, per interleaved pair: {100 * (row['pair_ratio'] - 1):+.1f}% "
+          f"+- {100 * row['pair_spread']:.1f}% (two standard errors over {args.repeats} pairs)")
     print(f"  events emitted (all runs) {row['emitted']:,}, spooled {row['spooled']:,}, dropped {row['dropped']:,}; spool "
           f"{row['spool_mb']:.1f} MB of its {row['spool_cap_mb']} MB cap; peak RSS {row['rss_on_mb']:.0f} MB "
           f"vs {row['rss_off_mb']:.0f} MB without rankstream")
