@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import signal
 import statistics
@@ -62,17 +63,12 @@ def train(rank: int, world: int, port: int, streaming: bool, steps: int, out: st
     """One rank: the demo model, spans around the phases when ``streaming``."""
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    # one core and one intra-op thread per rank (torchrun's OMP_NUM_THREADS=1): without pinning, the
-    # scheduler's placement differs run to run and moves the mean step time by ~10%, more than the
-    # effect measured; pinned, the rank's own background threads (sender, FR tap) share its core,
-    # so their cost shows in its step time
-    os.sched_setaffinity(0, {rank % os.cpu_count()})
     import contextlib
 
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # what torchrun sets (OMP_NUM_THREADS=1) when it starts several ranks per host
 
     import rankstream
 
@@ -84,6 +80,8 @@ def train(rank: int, world: int, port: int, streaming: bool, steps: int, out: st
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step_s = []
     for step in range(steps):
+        if step == WARMUP_STEPS:
+            cpu_before = _thread_cpu_s()
         started = time.perf_counter()
         if streaming:
             rankstream.step(step)
@@ -103,7 +101,9 @@ def train(rank: int, world: int, port: int, streaming: bool, steps: int, out: st
             if streaming:
                 rankstream.counter("metric", {"value": float(index)})
         step_s.append(time.perf_counter() - started)
-    report = {"step_s": step_s[WARMUP_STEPS:], "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    report = {"step_s": step_s[WARMUP_STEPS:], "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "thread_cpu_s": {name: cpu_s - cpu_before.get(name, 0.0) for name, cpu_s in _thread_cpu_s().items()},
+              "wall_s": sum(step_s[WARMUP_STEPS:])}
     if streaming:
         stats = session.producer.stats()
         report.update(emitted=stats.events_emitted, spooled=stats.events_spooled, dropped=stats.events_dropped,
@@ -113,6 +113,21 @@ def train(rank: int, world: int, port: int, streaming: bool, steps: int, out: st
         report.update(spooled=stats.events_spooled, dropped=stats.events_dropped, spool_bytes=stats.spool_bytes)
     dist.destroy_process_group()
     Path(out, f"{'on' if streaming else 'off'}-rank{rank}.json").write_text(json.dumps(report))
+
+
+def _thread_cpu_s() -> dict[str, float]:
+    """CPU seconds used so far by each live Python thread of this process, by thread name."""
+    import threading
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for thread in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used[thread.name] = used.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return used
 
 
 def resend(rank: int, env: dict) -> None:
@@ -163,12 +178,23 @@ def broker_down(root: Path, steps: int, spool_mb: int, repeats: int) -> dict:
     finally:
         down(config)
     return {"off_ms": mean["off"] * 1000, "on_ms": mean["on"] * 1000, "ratio": mean["on"] / mean["off"],
-            "pair_ratio": statistics.mean(pairs), "pair_spread": spread,
+            "pair_ratio": statistics.mean(pairs), "pair_spread": spread, "pairs": pairs,
             "emitted": sum(r["emitted"] for r in everything), "spooled": spooled_before,
             "dropped": sum(r["dropped"] for r in everything), "spool_mb": max(r["spool_bytes"] for r in last) / 2**20,
             "spool_cap_mb": spool_mb, "rss_on_mb": max(r["rss_mb"] for r in last),
             "rss_off_mb": max(r["rss_mb"] for r in runs["off"][-1]), "arrived": arrived, "drained_s": drained_s,
-            "last_error": last[0]["last_error"]}
+            "last_error": last[0]["last_error"], "cpu_ms_per_s": _cpu_per_second(runs["on"])}
+
+
+def _cpu_per_second(runs: list[list[dict]]) -> dict[str, float]:
+    """CPU ms per second of training (after warm-up) of each thread of a rank, over all runs."""
+    wall = sum(r["wall_s"] for run in runs for r in run)
+    used: dict[str, float] = {}
+    for report in (r for run in runs for r in run):
+        for name, cpu_s in report["thread_cpu_s"].items():
+            name = re.sub(r"\d+", "N", name)  # the same thread in every rank and run
+            used[name] = used.get(name, 0.0) + cpu_s
+    return {name: 1000 * cpu_s / wall for name, cpu_s in sorted(used.items(), key=lambda item: -item[1])}
 
 
 def materializer_crashes(root: Path, kills: int) -> dict:
@@ -544,7 +570,9 @@ def broker_down_section(root: Path, args) -> None:
     print(f"  step time: without rankstream {row['off_ms']:.2f} ms, with rankstream and no broker {row['on_ms']:.2f} ms "
           f"-> {100 * (row['ratio'] - 1):+.1f}% (target within 5%)")
     print(f"  median step time, per interleaved pair: {100 * (row['pair_ratio'] - 1):+.1f}% "
-          f"+- {100 * row['pair_spread']:.1f}% (two standard errors over {args.repeats} pairs)")
+          f"+- {100 * row['pair_spread']:.1f}% (two standard errors over {args.repeats} pairs: "
+          + " ".join(f"{100 * (r - 1):+.0f}%" for r in row["pairs"]) + ")")
+    print("  CPU per second of training, by thread: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in row["cpu_ms_per_s"].items()))
     print(f"  events emitted (all runs) {row['emitted']:,}, spooled {row['spooled']:,}, dropped {row['dropped']:,}; spool "
           f"{row['spool_mb']:.1f} MB of its {row['spool_cap_mb']} MB cap; peak RSS {row['rss_on_mb']:.0f} MB "
           f"vs {row['rss_off_mb']:.0f} MB without rankstream")

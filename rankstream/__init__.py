@@ -16,11 +16,14 @@ _API = ("init", "shutdown", "span", "instant", "counter", "step", "profile", "se
 
 
 def __getattr__(name: str):
-    # Lazy, so that `import rankstream` on a rank does not import duckdb or pyarrow.
+    # Lazy, so that `import rankstream` on a rank does not import duckdb or pyarrow. The API is
+    # cached in the module once resolved: `rankstream.counter(...)` runs on the training thread,
+    # and a module __getattr__ plus import lookup on every call cost more than the emit itself.
     if name in _API:
         from rankstream import api
 
-        return getattr(api, name)
+        globals()[name] = value = getattr(api, name)
+        return value
     if name == "Producer":
         from rankstream.producers import Producer
 
