@@ -7,10 +7,11 @@ about 7 µs. So every ``interval_s`` the tap:
 1. reads only the groups' progress (last enqueued/started/completed collective per group) and puts
    it on the heartbeats;
 2. takes a full dump, without stack traces, only if progress was made and a dump is due: every
-   ``full_every_s`` (1 s by default, about 30 ms of CPU with a full 2,000-entry ring; raise it to
-   trade freshness of FR entries for less CPU), or sooner when half the ring has been refilled (so
-   no entry is ever missed), or when a collective looks stuck (enqueued but not completed, with no
-   progress since the last tick: the live hang detector needs those entries quickly);
+   ``full_every_s`` (1 s by default), but never more often than keeps full dumps under
+   ``DUMP_CPU_SHARE`` of one core (a full 2,000-entry ring costs 50-90 ms to dump and parse, so
+   about every 5-9 s then); sooner when half the ring has been refilled (so no entry is ever
+   missed), or when a collective looks stuck (enqueued but not completed, with no progress since
+   the last tick: the live hang detector needs those entries quickly);
 3. publishes only entries that are new or whose state changed, keyed by ``record_id``, and the
    process groups when they change;
 4. when a collective looks stuck, also publishes the training thread's live Python stack
@@ -83,11 +84,18 @@ def _pending(status: dict[str, dict[str, int]]) -> set[str]:
             if s.get("last_enqueued", -1) > s.get("last_completed", s.get("last_enqueued", -1))}
 
 
+#: The most of one core periodic full dumps may use. Measured on the soak benchmark: a 1 s dump
+#: period with a full ring cost 24 ms of CPU per second per rank, and each dump holds the GIL, so
+#: the training thread waits on it.
+DUMP_CPU_SHARE = 0.01
+
+
 class FlightRecorderTap:
     def __init__(self, producer, interval_s: float = 1.0, full_every_s: float = 1.0, ring_size: int = 2000,
                  backend: str | None = None, dumps: FlightRecorderDumps | None = None,
-                 main_thread_id: int | None = None) -> None:
+                 main_thread_id: int | None = None, dump_cpu_share: float | None = DUMP_CPU_SHARE) -> None:
         self._producer = producer
+        self._dump_cpu_share = dump_cpu_share  # None: no CPU limit on periodic dumps
         self._interval = interval_s
         self._full_every = full_every_s
         self._ring = max(ring_size, 2)
@@ -99,6 +107,7 @@ class FlightRecorderTap:
         self._status: dict[str, dict[str, int]] = {}
         self._status_at_full: dict[str, dict[str, int]] | None = None
         self._last_full = 0.0
+        self._full_cost_s = 0.0  # CPU time of the last full dump, parse and diff
         self._stall_reported: dict[str, int] = {}
         self._idle_ticks = 0
         self._lock = threading.Lock()
@@ -145,7 +154,9 @@ class FlightRecorderTap:
         self._idle_ticks = self._idle_ticks + 1 if status and status == previous else 0
         published = 0
         if final or self._full_dump_due(stuck):
+            started = time.thread_time()
             published = self._publish(read_dump(self._dumps.entries()))
+            self._full_cost_s = time.thread_time() - started
         if stuck:
             self._report_stall(stuck)
         elif self._idle_ticks == _IDLE_TICKS:  # no group moved for a while: say where the rank is
@@ -163,7 +174,8 @@ class FlightRecorderTap:
             return False
         new = sum(max(0, s.get("last_enqueued", 0) - self._status_at_full.get(g, {}).get("last_enqueued", -1))
                   for g, s in self._status.items())
-        return bool(stuck) or new >= self._ring // 2 or time.monotonic() - self._last_full >= self._full_every
+        period = max(self._full_every, self._full_cost_s / self._dump_cpu_share if self._dump_cpu_share else 0.0)
+        return bool(stuck) or new >= self._ring // 2 or time.monotonic() - self._last_full >= period
 
     def _publish(self, dump: dict[str, Any]) -> int:
         self.full_dumps += 1

@@ -113,7 +113,7 @@ class FakeRing:
 
 def test_tap_publishes_only_new_or_changed_entries_and_skips_idle_dumps():
     ring, recorder = FakeRing(), Recorder()
-    tap = FlightRecorderTap(recorder, full_every_s=0.0, dumps=ring.dumps())
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dumps=ring.dumps(), dump_cpu_share=None)
     assert tap.snapshot() == 2
     assert tap.snapshot() == 0 and ring.full_dumps == 1  # no progress: no full dump at all
     ring.entries = [dump_entry(0), dump_entry(1, state="started", started=99), dump_entry(2)]
@@ -122,6 +122,30 @@ def test_tap_publishes_only_new_or_changed_entries_and_skips_idle_dumps():
     assert [e["record_id"] for e in recorder.fr[-1]] == [1, 2]
     assert len(recorder.groups) == 1
     assert recorder.status == {"0": {"last_enqueued": 2, "last_completed": 2}}
+
+
+def test_periodic_dumps_stay_within_their_cpu_share():
+    """A dump that costs 20 ms of CPU at a 50% share is not repeated for 40 ms, whatever
+    ``full_every_s`` says; progress alone does not override the share, a stuck collective would."""
+    ring, recorder = FakeRing(), Recorder()
+    costly = ring.dumps()
+
+    def entries():
+        started = time.thread_time()
+        while time.thread_time() - started < 0.02:
+            pass
+        return costly.entries()
+
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dump_cpu_share=0.5,
+                            dumps=FlightRecorderDumps(costly.status, entries, costly.entries_with_frames))
+    tap.snapshot()
+    ring.entries = ring.entries + [dump_entry(2)]
+    ring.enqueued = ring.completed = 2
+    tap.snapshot()
+    assert ring.full_dumps == 1  # progress, but the last dump's 20 ms buys it 40 ms of quiet
+    time.sleep(0.05)
+    tap.snapshot()
+    assert ring.full_dumps == 2 and [e["record_id"] for e in recorder.fr[-1]] == [2]
 
 
 def test_a_stuck_collective_triggers_a_dump_and_reports_the_live_stack():
