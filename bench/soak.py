@@ -177,13 +177,21 @@ def broker_down(root: Path, steps: int, spool_mb: int, repeats: int) -> dict:
         drained_s = time.monotonic() - started
     finally:
         down(config)
+    quantiles = {mode: _quantiles_ms([s for run in rs for r in run for s in r["step_s"]]) for mode, rs in runs.items()}
     return {"off_ms": mean["off"] * 1000, "on_ms": mean["on"] * 1000, "ratio": mean["on"] / mean["off"],
+            "quantiles": quantiles,
             "pair_ratio": statistics.mean(pairs), "pair_spread": spread, "pairs": pairs,
             "emitted": sum(r["emitted"] for r in everything), "spooled": spooled_before,
             "dropped": sum(r["dropped"] for r in everything), "spool_mb": max(r["spool_bytes"] for r in last) / 2**20,
             "spool_cap_mb": spool_mb, "rss_on_mb": max(r["rss_mb"] for r in last),
             "rss_off_mb": max(r["rss_mb"] for r in runs["off"][-1]), "arrived": arrived, "drained_s": drained_s,
             "last_error": last[0]["last_error"], "cpu_ms_per_s": _cpu_per_second(runs["on"])}
+
+
+def _quantiles_ms(step_s: list[float]) -> dict[str, float]:
+    ordered = sorted(step_s)
+    return {name: 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999), ("max", 1.0))}
 
 
 def _cpu_per_second(runs: list[list[dict]]) -> dict[str, float]:
@@ -572,6 +580,8 @@ def broker_down_section(root: Path, args) -> None:
     print(f"  median step time, per interleaved pair: {100 * (row['pair_ratio'] - 1):+.1f}% "
           f"+- {100 * row['pair_spread']:.1f}% (two standard errors over {args.repeats} pairs: "
           + " ".join(f"{100 * (r - 1):+.0f}%" for r in row["pairs"]) + ")")
+    for mode, label in (("off", "without rankstream"), ("on", "with rankstream")):
+        print(f"  step time {label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in row["quantiles"][mode].items()))
     print("  CPU per second of training, by thread: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in row["cpu_ms_per_s"].items()))
     print(f"  events emitted (all runs) {row['emitted']:,}, spooled {row['spooled']:,}, dropped {row['dropped']:,}; spool "
           f"{row['spool_mb']:.1f} MB of its {row['spool_cap_mb']} MB cap; peak RSS {row['rss_on_mb']:.0f} MB "

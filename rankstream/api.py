@@ -131,7 +131,7 @@ def counter(name: str, values: Mapping[str, float], cat: str = "user_counter") -
     """A Chrome counter event: one track per key of ``values``."""
     s = _session
     if s is not None:
-        s.producer.emit(name, cat, "C", time.time_ns(), 0, s.pid, _get_tid(), s.step, None, None, dict(values))
+        s.producer.emit(name, cat, "C", time.time_ns(), 0, s.pid, _get_tid(), s.step, None, None, values)
 
 
 def step(number: int | None = None) -> int | None:

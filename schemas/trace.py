@@ -103,11 +103,16 @@ _ARGS_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=F
 
 
 def _args_text(value: Any) -> str | None:
+    """An event's args as JSON text: a mapping, a flat tuple of keys then values (how the producer
+    queues a mapping), or text already."""
     if value is None:
         return None
     if type(value) is str:
         return value
     try:
+        if type(value) is tuple:
+            half = len(value) // 2
+            value = dict(zip(value[:half], value[half:]))
         return _ARGS_ENCODER.encode(value)
     except (TypeError, ValueError):
         return json.dumps({"unserializable": repr(value)[:200]})

@@ -1,5 +1,7 @@
 """The producer's promises to the training thread, against the in-memory bus."""
 
+import gc
+import json
 import threading
 import time
 
@@ -77,6 +79,25 @@ def test_emit_survives_any_arguments(make_config, bus):
     producer.emit_rank_metadata(metadata={"x": float("inf")})
     stats = producer.close()
     assert stats.events_sent + stats.events_dropped == 2
+
+
+def test_queued_events_with_args_never_reach_the_oldest_gc_generation(make_config, bus):
+    """Rows waiting for the sender must not pile up in the GC's oldest generation: there they set
+    off full collections, pauses of a few hundred ms on a torch-sized heap, on the training thread."""
+    config = make_config()
+    transport = SlowConnect(bus, delay_s=1.0)  # the sender is stuck connecting: rows stay queued
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
+    gc.collect()
+    before = len(gc.get_objects(2))
+    for i in range(20_000):
+        producer.emit("metric", "user_counter", "C", i, args={"value": float(i), "name": "loss"})
+    gc.collect(1)
+    gc.collect(1)  # two young collections: anything still tracked is now in the oldest generation
+    assert len(gc.get_objects(2)) - before < 2_000
+    producer.close()
+    batches = [e.payload for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.TRACE_BATCH]
+    args = [json.loads(text) for batch in batches for text in batch.args]
+    assert len(args) == 20_000 and args[7] == {"value": 7.0, "name": "loss"}
 
 
 def test_buffer_is_bounded_and_overflow_is_counted(make_config, bus):
