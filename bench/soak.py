@@ -2,8 +2,11 @@
 
 1. **Broker down for a whole training run.** A 2-rank gloo job (the overhead benchmark's model)
    with rankstream on (spans every step, the Flight Recorder tap, heartbeats) but its broker
-   unreachable, against the same job without rankstream: step time ratio, the producer's peak
-   memory, spool bytes against the spool cap, and events emitted / spooled / dropped. Then a broker
+   unreachable, against the same job without rankstream: step time ratio (mean, and the median per
+   interleaved pair of runs with its spread), step-time quantiles per mode (a pause on either rank
+   shows in both, the ranks wait for each other in the all-reduce), CPU per second of each thread,
+   the producer's peak memory, spool bytes against the spool cap, and events emitted / spooled /
+   dropped. Then a broker
    and a materializer start, the same ranks come back (a restarted rank resends its previous
    process's spool) and the spooled events arrive: how many, and how long it took.
 2. **Materializer crashes.** A 400k-event backlog on the real broker; the materializer is
@@ -406,7 +409,7 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent, "left_in_spool": left,
                  "dropped": stats.events_dropped, "spooled": stats.events_spooled,
                  "buffered_at_end": emitted_stats.buffered_events,
-                 "rss_mb": _rss_mb(os.getpid(), "VmHWM"), "before_mb": before_mb})
+                 "rss_mb": _rss_mb(os.getpid(), "VmHWM"), "before_mb": before_mb, "broker_resets": stats.broker_resets})
 
 
 def burst(root: Path, ranks: int, seconds: float) -> dict:
@@ -453,13 +456,18 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
         _wait_until(caught_up, 600, 0.5)
         caught_up_s = time.monotonic() - (burst_over or started)
         stored = _query(config, "SELECT count(*) FROM trace_events WHERE run_id = 'burst'")[0][0]
+        rejects = _query(config, "SELECT count(*), any_value(reason) FROM rejects")[0]
+        materializer_status = _materializer_status(config)
     finally:
         down(config)
     return {"ranks": ranks, "seconds": seconds, "emitted": sum(r["emitted"] for r in reports), "sent": sent,
             "dropped": sum(r["dropped"] for r in reports), "spooled": sum(r["spooled"] for r in reports),
             "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports),
             "growth_mb": max(r["rss_mb"] - r["before_mb"] for r in reports), **peak,
-            "caps": caps}
+            "caps": caps, "rejects": rejects[0], "reject_reason": rejects[1],
+            "producer_resets": sum(r["broker_resets"] for r in reports),
+            "materializer_resets": materializer_status.get("broker_resets", 0),
+            "duplicates": materializer_status.get("duplicates", 0)}
 
 
 def fuzz(root: Path, count: int) -> dict:
@@ -534,7 +542,10 @@ def main() -> None:
         print(f"  events accepted {row['emitted']:,} (dropped at the producers' caps {row['dropped']:,}); stored "
               f"{row['stored']:,}, left in the spools at exit {row['left_in_spool']:,} (resent when a rank restarts); "
               f"spooled at some point {row['spooled']:,}")
-        print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended")
+        print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended; "
+              f"duplicates skipped {row['duplicates']:,}, rejects {row['rejects']:,}"
+              + (f" ({row['reject_reason']})" if row["rejects"] else "")
+              + f"; broker restarts seen by producers {row['producer_resets']}, by the materializer {row['materializer_resets']}")
         print(f"  peak RSS: producer process {row['producer_mb']:.0f} MB, at most {row['growth_mb']:.0f} MB more than "
               f"before its producer existed (caps {row['caps']}), broker {row['broker_mb']:.0f} MB, "
               f"materializer {row['materializer_mb']:.0f} MB")

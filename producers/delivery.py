@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -97,6 +98,10 @@ class Delivery:
         self._pending_bytes = 0
         self._failed: collections.deque[SpooledMessage] = collections.deque()
         self._inflight_bytes = 0
+        #: Messages handed to the transport and not yet acknowledged or failed, by send token. At
+        #: close, whatever the transport never reported on is spooled from here, not lost.
+        self._inflight: dict[int, tuple[SpooledMessage, _SegmentReplay | None]] = {}
+        self._tokens = itertools.count()
         self._replay: _SegmentReplay | None = None
         self._sent = self._spooled = self._dropped = self._bytes_sent = 0
         self._last_error: str | None = None
@@ -158,6 +163,7 @@ class Delivery:
         self.pump()
         self._transport.close()  # what is still unacknowledged fails back to us, and is spooled below
         self._drain_failed()
+        self._spool_unreported()
         while self._pending:
             message = self._pending.popleft()
             self._pending_bytes -= len(message.value)
@@ -261,16 +267,35 @@ class Delivery:
         self._spool.remove_segment(replay.path)
 
     def _send(self, message: SpooledMessage, replay: _SegmentReplay | None) -> None:
+        token = next(self._tokens)
         with self._lock:
             self._inflight_bytes += len(message.value)
+            self._inflight[token] = (message, replay)
         try:
             self._transport.send(message.topic, message.key, message.value,
-                                 lambda error: self._on_done(message, replay, error))
+                                 lambda error: self._on_done(token, error))
         except Exception as exc:  # the transport refused synchronously (buffer full, not connected)
-            self._on_done(message, replay, exc)
+            self._on_done(token, exc)
 
-    def _on_done(self, message: SpooledMessage, replay: _SegmentReplay | None, error) -> None:
+    def _spool_unreported(self) -> None:
+        """At close: messages the transport neither acknowledged nor failed (kafka-python fails a
+        force-closed producer's batches later, on its own thread, if at all) go to the spool; a
+        replayed segment stays on disk whole. A late report on them is ignored."""
         with self._lock:
+            unreported, self._inflight = list(self._inflight.values()), {}
+            self._inflight_bytes = 0
+        for message, replay in unreported:
+            if replay is None:
+                self._to_spool(message)
+            else:
+                replay.failed = True
+
+    def _on_done(self, token: int, error) -> None:
+        with self._lock:
+            entry = self._inflight.pop(token, None)
+            if entry is None:
+                return  # already spooled at close
+            message, replay = entry
             self._inflight_bytes -= len(message.value)
             if error is None:
                 if not message.resend:

@@ -115,21 +115,24 @@ class KafkaTransport:
         if self._producer is not None:
             try:
                 self._producer.close(timeout=0.5)
-            except Exception:  # its flush timed out: abandon what is still in flight
-                _abandon(self._producer)
+            except Exception:  # its flush timed out
+                pass
+            _abandon(self._producer)  # a close that timed out returns with its I/O thread still running
             self._producer = None
 
 
 def _abandon(producer) -> None:
-    """Force-close a KafkaProducer whose graceful close timed out.
+    """Force-close a KafkaProducer whose graceful close timed out, and wait for its I/O thread.
 
     kafka-python has no public call for this; without it the producer stays half-open and its
-    ``__del__`` prints a traceback at exit. Force-closing fails every unacknowledged batch, so
-    their errbacks hand the messages back to ``Delivery``, which spools them.
+    ``__del__`` prints a traceback at exit. Its ``close(timeout)`` only flags a force close when
+    the timeout passes; the I/O thread fails the unacknowledged batches when it next wakes, so the
+    join lets their errbacks hand the messages back to ``Delivery`` first (which spools them, and
+    spools itself whatever is still unreported after the join).
     """
     sender = getattr(producer, "_sender", None)
     try:
-        if sender is not None:
+        if sender is not None and sender.is_alive():
             sender.force_close()
             sender.join(2.0)
         producer._closed = True

@@ -154,6 +154,33 @@ def test_full_spool_drops_and_counts(make_config, bus):
     assert stats.events_spooled + stats.events_dropped == 5_000
 
 
+class StopsAnswering(MemoryTransport):
+    """Delivers the first messages (so the broker counts as up), then takes messages and never
+    reports on them: a Kafka client force-closed at shutdown before it failed its batches."""
+
+    def __init__(self, bus, answered=2):
+        super().__init__(bus)
+        self.answered = answered
+
+    def send(self, topic, key, value, done):
+        if self.answered > 0:
+            self.answered -= 1
+            super().send(topic, key, value, done)
+
+
+def test_messages_never_acknowledged_by_close_are_spooled_and_resent(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100})
+    first = Producer(run_id="r", rank=1, world_size=2, config=config, transport=StopsAnswering(bus))
+    time.sleep(0.2)  # the rank's metadata is delivered: the broker is up
+    for i in range(700):
+        first.emit("unacknowledged", ts_ns=i)
+    stats = first.close(timeout_s=0.3)
+    assert stats.events_spooled >= 500 and stats.events_sent + stats.events_spooled == 700 and stats.events_dropped == 0
+    second = Producer(run_id="r", rank=1, world_size=2, config=config, bus=bus)
+    second.close()
+    assert trace_events(read_all(bus, config.topic_prefix)) == 700
+
+
 def test_a_restarted_rank_resends_what_its_previous_process_spooled(make_config, bus):
     config = make_config(**{"producer.batch_events": 100})
     bus.available = False
