@@ -78,6 +78,10 @@ def train(rank: int, world: int, port: int, streaming: bool, steps: int, out: st
     session = rankstream.init(run_id="soak-broker-down", fr_interval_s=1.0) if streaming else None
     span = rankstream.span if streaming else (lambda name: contextlib.nullcontext())
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    # The training thread alone gets its own core, as on a machine with a core per rank; threads
+    # started before this line (gloo's, rankstream's) keep the whole machine. Unpinned, the two
+    # training threads sometimes shared a core for a whole run (pairs of runs differed by 50%).
+    os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.manual_seed(rank)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
