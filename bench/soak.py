@@ -405,7 +405,9 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
             producer.emit("burst_op", "cpu_op", "X", time.time_ns(), 1000, rank, 1, step, None, index)
         step += 1
     emitted_stats = producer.stats()
+    closing = time.monotonic()
     stats = producer.close(timeout_s=120)
+    close_s = time.monotonic() - closing
     from rankstream.producers.spool import Spool
 
     spool = Spool(config.spool_dir, "burst", rank, config.producer.spool_max_bytes)
@@ -413,7 +415,8 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent, "left_in_spool": left,
                  "dropped": stats.events_dropped, "spooled": stats.events_spooled,
                  "buffered_at_end": emitted_stats.buffered_events,
-                 "rss_mb": _rss_mb(os.getpid(), "VmHWM"), "before_mb": before_mb, "broker_resets": stats.broker_resets})
+                 "rss_mb": _rss_mb(os.getpid(), "VmHWM"), "before_mb": before_mb, "broker_resets": stats.broker_resets,
+                 "close_s": close_s, "closed": not producer._thread.is_alive()})
 
 
 def burst(root: Path, ranks: int, seconds: float) -> dict:
@@ -469,6 +472,8 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
             "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports),
             "growth_mb": max(r["rss_mb"] - r["before_mb"] for r in reports), **peak,
             "caps": caps, "rejects": rejects[0], "reject_reason": rejects[1],
+            # producers whose close returned before their sender finished: what they still held is lost
+            "close_timed_out": [(r["rank"], round(r["close_s"])) for r in reports if not r["closed"]],
             "producer_resets": sum(r["broker_resets"] for r in reports),
             "materializer_resets": materializer_status.get("broker_resets", 0),
             "duplicates": materializer_status.get("duplicates", 0)}
@@ -546,6 +551,8 @@ def main() -> None:
         print(f"  events accepted {row['emitted']:,} (dropped at the producers' caps {row['dropped']:,}); stored "
               f"{row['stored']:,}, left in the spools at exit {row['left_in_spool']:,} (resent when a rank restarts); "
               f"spooled at some point {row['spooled']:,}")
+        print(f"  acknowledged by the broker {row['sent']:,}; producers whose close returned before their sender "
+              f"finished (rank, close s): {row['close_timed_out'] or 'none'}")
         print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended; "
               f"duplicates skipped {row['duplicates']:,}, rejects {row['rejects']:,}"
               + (f" ({row['reject_reason']})" if row["rejects"] else "")

@@ -63,6 +63,11 @@ class DeliveryCounters:
     events_not_resent: int = 0
 
 
+#: What ``drain`` keeps of its timeout for closing the Kafka client (a 0.5 s graceful close, then up
+#: to 2 s for its I/O thread to fail what it holds) and spooling the rest.
+CLOSE_RESERVE_S = 3.0
+
+
 class _SegmentReplay:
     def __init__(self, path: Path, outstanding: int) -> None:
         self.path = path
@@ -149,9 +154,12 @@ class Delivery:
     def drain(self, timeout_s: float) -> None:
         """At shutdown: deliver what is in flight and in memory; spool whatever is left.
 
-        A broker that is down gets one more connection attempt, not the whole timeout.
+        A broker that is down gets one more connection attempt, not the whole timeout. Delivery
+        stops ``CLOSE_RESERVE_S`` early (at most a quarter of the timeout): closing the client and
+        spooling what it still holds must also fit in the timeout, or the caller's process exits
+        with them undone.
         """
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s - min(CLOSE_RESERVE_S, timeout_s / 4)
         self._next_retry = 0.0
         self.pump()
         while time.monotonic() < deadline and self._health is not Health.DOWN:

@@ -214,7 +214,7 @@ class Producer:
         self._closed = True
         self._close_timeout = self._config.producer.close_timeout_s if timeout_s is None else timeout_s
         self._stopping.set()
-        self._stopped.wait(self._close_timeout + 1.0)
+        self._stopped.wait(self._close_timeout + 2.0)  # slack for a loaded machine; drain keeps a reserve too
         for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
             setattr(self, name, _noop)
         return self.stats()
