@@ -42,7 +42,9 @@ def wait_drained(database, run_id: str, world_size: int = 4) -> None:
 def straggler_run(live, tmp_path_factory):
     """A 4-rank gloo job in which rank 2 sleeps before every step."""
     spec = JobSpec(run_id=f"a-{uuid.uuid4().hex[:8]}", world_size=4, steps=14, fault="straggler", fault_rank=2,
-                   straggler_sleep_s=0.1,  # as test_diagnose_gloo's straggler: clear under a loaded CI machine master_port=free_port(),
+                   # 0.2 s: 4 ranks share 2 cores, and on a loaded CI machine another rank was slowest in
+                   # 5 of 14 steps with 0.1 s
+                   straggler_sleep_s=0.2, master_port=free_port(),
                    report_dir=str(tmp_path_factory.mktemp("reports")))
     for process in start_job(spec, config_env(live)):
         process.join(180)
