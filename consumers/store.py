@@ -142,10 +142,13 @@ class Store:
         with transaction(self.connection):
             known, conflicts = self._known_messages(batch.keys)
             conflicting = [batch.conflict_reject(index, reason) for index, reason in conflicts.items()]
-            conflicting_repeats = [batch.conflict_reject(index, conflicts[index], record)
-                                   for index, record in batch.repeats if index in conflicts]
-            result.duplicates = len(known) - len(conflicts) + len(batch.repeats) - len(conflicting_repeats)
-            conflicting += conflicting_repeats
+            resends = len(known) - len(conflicts)
+            for index, record in batch.repeats:  # in-poll copies share their first copy's fate
+                if index in conflicts:
+                    conflicting.append(batch.conflict_reject(index, conflicts[index], record))
+                else:
+                    resends += 1
+            result.duplicates = resends
             result.rejected += len(conflicting)
             for table, arrow in batch.tables.items():
                 arrow = _without_messages(arrow, known)

@@ -66,17 +66,19 @@ def mutate(message_tuple, how: str, rng) -> tuple:
     return topic, key, msgpack.packb(message, use_bin_type=True)
 
 
+def _with_fields(message_tuple, **fields) -> tuple:
+    """The message with some envelope fields replaced, still well-formed."""
+    topic, key, value = message_tuple
+    message = {**msgpack.unpackb(value, raw=False, strict_map_key=False), **fields}
+    return topic, key, msgpack.packb(message, use_bin_type=True)
+
+
 def with_payload_of(message_tuple, other_tuple) -> tuple:
     """``message``'s envelope (so its batch key) carrying ``other``'s payload: a conflicting repeat."""
-    topic, key, value = message_tuple
-    message = msgpack.unpackb(value, raw=False, strict_map_key=False)
-    message["payload"] = msgpack.unpackb(other_tuple[2], raw=False, strict_map_key=False)["payload"]
-    return topic, key, msgpack.packb(message, use_bin_type=True)
+    other = msgpack.unpackb(other_tuple[2], raw=False, strict_map_key=False)
+    return _with_fields(message_tuple, payload=other["payload"])
 
 
 def with_seq(message_tuple, seq: int) -> tuple:
     """The same message under another sequence number (past the stream's end: a gap)."""
-    topic, key, value = message_tuple
-    message = msgpack.unpackb(value, raw=False, strict_map_key=False)
-    message["seq"] = seq
-    return topic, key, msgpack.packb(message, use_bin_type=True)
+    return _with_fields(message_tuple, seq=seq)

@@ -51,8 +51,8 @@ def valid_messages(tmp_path_factory):
 
 def _conflicting_pairs(messages) -> list[tuple[int, int]]:
     """(i, j): trace batches i and j whose event counts differ, so j's payload under i's key conflicts."""
-    counts = {i: decode(value).payload.count for i, (_, _, value) in enumerate(messages)
-              if decode(value).kind.value == "trace_batch"}
+    envelopes = {i: decode(value) for i, (_, _, value) in enumerate(messages)}
+    counts = {i: e.payload.count for i, e in envelopes.items() if e.kind.value == "trace_batch"}
     return [(i, j) for i in counts for j in counts if counts[i] != counts[j]]
 
 
@@ -118,10 +118,8 @@ def test_repeats_and_sequence_gaps(valid_messages):
     messages, emitted = valid_messages
     first, other = _conflicting_pairs(messages)[0]
     original = decode(messages[first][2])
-    def stream_of(envelope):
-        return dataclasses.replace(envelope.key, seq=0)
-
-    last_seq = max(e.seq for e in (decode(v) for _, _, v in messages) if stream_of(e) == stream_of(original))
+    stream = dataclasses.replace(original.key, seq=0)
+    last_seq = max(e.seq for e in (decode(v) for _, _, v in messages) if dataclasses.replace(e.key, seq=0) == stream)
     bus = MemoryBus(partitions=2)
     for message in messages:
         bus.append(*message)
@@ -133,5 +131,5 @@ def test_repeats_and_sequence_gaps(valid_messages):
     reasons = [r for (r,) in con.execute("SELECT reason FROM rejects").fetchall()]
     assert len(reasons) == 1 and reasons[0].startswith("conflicting repeat"), reasons
     assert con.execute("SELECT count(*) FROM trace_events").fetchall()[0][0] == emitted + original.payload.count
-    missing = {row["run_id"]: row["missing_messages"] for row in con.execute(RUNS_SQL).to_arrow_table().to_pylist()}
+    missing = {row["run_id"]: row["missing_messages"] for row in con.sql(RUNS_SQL).to_arrow_table().to_pylist()}
     assert missing == {"fuzz": 4}
