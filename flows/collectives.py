@@ -6,7 +6,9 @@ against the same sequence number on the other members, so the cost grows with th
 entries, not with their square. The tables it (re)builds for a run:
 
 * ``memberships``: (run_id, pg_name, rank) from the groups the ranks reported, or, where a backend
-  does not list them (gloo), from the ranks that logged entries for the group;
+  does not list them (gloo), from the ranks that logged entries for the group, with the group's
+  description, the first and last sequence number each rank logged, and the oldest one it logged
+  but did not complete (NULL if none);
 * ``collective_calls``: one row per rank's collective entry, with its op and sizes;
 * ``collectives``: one row per (group, sequence number) with the consensus op and who was there;
 * ``findings``: what is wrong, each naming the group, the sequence number, the culprit ranks and
@@ -74,21 +76,25 @@ _OP = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
 _COALESCED = "profiling_name LIKE '%coalesced%'"
 
 
-def _calls_sql(latest_only: bool) -> str:
+def _calls_sql(latest_only: bool, coalesced: bool) -> str:
     """collective_calls: one row per rank's collective. A coalesced group (entries sharing one
     sequence number, closed by a ``coalesced`` entry) is one call whose op lists its members, e.g.
     ``coalesced(all_reduce,all_reduce)``, with the members' sizes and dtypes in order, so a rank
     that coalesced different ops or sizes disagrees with its peers like any other call.
-    ``latest_only``: the live tap re-sends entries whose state changed; the newest state wins."""
+    ``latest_only``: the live tap re-sends entries whose state changed; the newest state wins.
+    ``coalesced``: whether there are any; without, each entry is a call (a third faster)."""
     latest = "QUALIFY row_number() OVER (PARTITION BY run_id, rank, record_id ORDER BY snapshot_ns DESC) = 1" \
         if latest_only else ""
+    entries = f"""
+    SELECT run_id, rank, pg_name, pg_desc, collective_seq_id AS seq, record_id, {_OP} AS op,
+           input_sizes, output_sizes, input_dtypes, state, time_created_ns AS created_ns,
+           time_discovered_completed_ns AS completed_ns, frames{f", {_COALESCED} AS marker" if coalesced else ""}
+    FROM fr_entries {_CALL_FILTER} {latest}"""
+    if not coalesced:
+        return f"CREATE OR REPLACE TABLE collective_calls AS {entries}"
     return f"""
 CREATE OR REPLACE TABLE collective_calls AS
-WITH entries AS (
-    SELECT run_id, rank, pg_name, pg_desc, collective_seq_id AS seq, record_id, {_OP} AS op, {_COALESCED} AS marker,
-           input_sizes, output_sizes, input_dtypes, state, time_created_ns AS created_ns,
-           time_discovered_completed_ns AS completed_ns, frames
-    FROM fr_entries {_CALL_FILTER} {latest}
+WITH entries AS ({entries}
 ), groups AS (
     SELECT DISTINCT run_id, rank, pg_name, seq FROM entries WHERE marker
 ), singles AS (
@@ -108,46 +114,64 @@ SELECT * FROM singles UNION ALL BY NAME SELECT * FROM coalesced
 """
 
 
-CALLS_SQL = _calls_sql(latest_only=True)
-#: Dumps hold each entry once: no need to pick the newest state (several times faster).
-CALLS_ONCE_SQL = _calls_sql(latest_only=False)
 
-REPEATS_SQL = """
-SELECT count(*) > count(DISTINCT (run_id, rank, record_id)) FROM fr_entries
+#: Whether any record was stored more than once (dumps hold each entry once, so picking the newest
+#: state is not needed: several times faster), and whether the run coalesced any collectives.
+#: Counting distinct hashes is several times faster than distinct tuples; a collision can only make
+#: it answer yes, which takes the exact (slower) path.
+REPEATS_SQL = f"""
+SELECT count(*) > count(DISTINCT hash(run_id, rank, record_id)), coalesce(bool_or({_COALESCED}), false) FROM fr_entries
 WHERE ($run IS NULL OR run_id = $run) AND collective_seq_id > 0 AND coalesce(is_p2p, false) = false
 """
 
 MEMBERSHIPS_SQL = """
 CREATE OR REPLACE TABLE memberships AS
-WITH listed AS (
+WITH reached AS (  -- the one pass over the calls: how far each rank got in each group it logged
+    SELECT run_id, pg_name, rank, any_value(pg_desc) AS pg_desc, min(seq) AS first_seq, max(seq) AS last_seq,
+           min(seq) FILTER (WHERE state <> 'completed') AS first_unfinished_seq
+    FROM collective_calls GROUP BY ALL
+), listed AS (
     SELECT DISTINCT run_id, pg_name, unnest(ranks) AS rank FROM process_groups
     WHERE ranks IS NOT NULL AND len(ranks) > 0 AND ($run IS NULL OR run_id = $run)
 ), run_ranks AS (
-    SELECT DISTINCT run_id, rank FROM collective_calls
+    SELECT DISTINCT run_id, rank FROM reached
 ), defaults AS (  -- the default group holds every rank of the run, even when nobody listed it
-    SELECT DISTINCT c.run_id, c.pg_name, r.rank FROM collective_calls c JOIN run_ranks r USING (run_id)
-    WHERE c.pg_desc = 'default_pg'
+    SELECT g.run_id, g.pg_name, r.rank
+    FROM (SELECT DISTINCT run_id, pg_name FROM reached WHERE pg_desc = 'default_pg') g JOIN run_ranks r USING (run_id)
 ), inferred AS (
-    SELECT DISTINCT run_id, pg_name, rank FROM collective_calls
+    SELECT run_id, pg_name, rank FROM reached
+), members AS (
+    SELECT * FROM listed
+    UNION SELECT * FROM defaults WHERE (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM listed)
+    UNION SELECT * FROM inferred WHERE (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM listed)
+                                   AND (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM defaults)
+), descs AS (
+    SELECT run_id, pg_name, any_value(pg_desc) AS pg_desc FROM reached GROUP BY ALL
 )
-SELECT * FROM listed
-UNION SELECT * FROM defaults WHERE (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM listed)
-UNION SELECT * FROM inferred WHERE (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM listed)
-                               AND (run_id, pg_name) NOT IN (SELECT run_id, pg_name FROM defaults)
+SELECT m.run_id, m.pg_name, d.pg_desc, m.rank, r.first_seq, r.last_seq, r.first_unfinished_seq
+FROM members m LEFT JOIN reached r USING (run_id, pg_name, rank) LEFT JOIN descs d USING (run_id, pg_name)
 """
 
+#: ``collectives``: the consensus op per (group, sequence number), and whether the members' sizes or
+#: dtypes differ at all (compared by hash, so that the size and dtype checks look only at the few
+#: collectives where they do; a 64-bit collision could hide one difference, a 2^-64 chance).
 COLLECTIVES_SQL = """
 CREATE OR REPLACE TABLE collectives AS
 WITH votes AS (
-    SELECT run_id, pg_name, seq, op, count(*) AS n FROM collective_calls GROUP BY ALL
+    SELECT run_id, pg_name, seq, op, count(*) AS n,
+           min(hash(input_sizes, output_sizes)) AS sizes_low, max(hash(input_sizes, output_sizes)) AS sizes_high,
+           min(hash(input_dtypes)) AS dtypes_low, max(hash(input_dtypes)) AS dtypes_high
+    FROM collective_calls GROUP BY ALL
 ), consensus AS (
     SELECT run_id, pg_name, seq, arg_max(op, n) AS op, max(n) AS votes, sum(n) AS present,
-           count(*) AS distinct_ops
+           count(*) AS distinct_ops, min(sizes_low) <> max(sizes_high) AS sizes_differ,
+           min(dtypes_low) <> max(dtypes_high) AS dtypes_differ
     FROM votes GROUP BY ALL
 ), group_sizes AS (
     SELECT run_id, pg_name, count(*) AS members FROM memberships GROUP BY ALL
 )
-SELECT c.run_id, c.pg_name, c.seq, c.op, c.votes, c.present, c.distinct_ops, g.members
+SELECT c.run_id, c.pg_name, c.seq, c.op, c.votes, c.present, c.distinct_ops, c.sizes_differ, c.dtypes_differ,
+       g.members
 FROM consensus c JOIN group_sizes g USING (run_id, pg_name)
 """
 
@@ -155,8 +179,8 @@ FROM consensus c JOIN group_sizes g USING (run_id, pg_name)
 def build_collective_tables(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> None:
     """(Re)build memberships, collective_calls and collectives for one run (or all runs)."""
     params = {"run": run_id}
-    repeats = con.execute(REPEATS_SQL, params).fetchone()[0]
-    con.execute(CALLS_SQL if repeats else CALLS_ONCE_SQL, params)
+    repeats, coalesced = con.execute(REPEATS_SQL, params).fetchone()
+    con.execute(_calls_sql(latest_only=repeats, coalesced=coalesced), params)
     con.execute(MEMBERSHIPS_SQL, params)
     con.execute(COLLECTIVES_SQL)
 
@@ -167,7 +191,7 @@ def _rows(con, sql: str, params: list | dict | None = None) -> list[dict]:
 
 def _group_descs(con, run_id: str) -> dict[str, str | None]:
     return {r["pg_name"]: r["pg_desc"] for r in _rows(
-        con, "SELECT pg_name, any_value(pg_desc) AS pg_desc FROM collective_calls WHERE run_id = ? GROUP BY ALL",
+        con, "SELECT pg_name, any_value(pg_desc) AS pg_desc FROM memberships WHERE run_id = ? GROUP BY ALL",
         [run_id])}
 
 
@@ -187,22 +211,26 @@ def _type_findings(con, run_id: str, descs) -> tuple[list[Finding], dict[tuple[s
             SELECT k.pg_name, k.rank, k.seq, k.op AS actual, c.op AS expected,
                    row_number() OVER (PARTITION BY k.pg_name, k.rank ORDER BY k.seq) AS nth
             FROM collective_calls k JOIN collectives c USING (run_id, pg_name, seq)
-            WHERE k.run_id = $run AND k.op <> c.op AND c.votes * 2 > c.present
-        ), firsts AS (SELECT * FROM dev WHERE nth = 1), offsets AS (SELECT range AS k FROM range({_ALIGNMENT_WINDOW}))
+            WHERE k.run_id = $run AND c.distinct_ops > 1 AND k.op <> c.op AND c.votes * 2 > c.present
+        ), firsts AS (SELECT * FROM dev WHERE nth = 1), offsets AS (SELECT range AS k FROM range({_ALIGNMENT_WINDOW})),
+        own_calls AS (  -- only the deviating ranks' calls and their groups' collectives are looked at below
+            SELECT k.pg_name, k.rank, k.seq, k.op FROM collective_calls k SEMI JOIN firsts f USING (pg_name, rank)
+            WHERE k.run_id = $run
+        ), group_ops AS (
+            SELECT c.pg_name, c.seq, c.op FROM collectives c SEMI JOIN firsts f USING (pg_name) WHERE c.run_id = $run
+        )
         SELECT f.pg_name, f.rank, f.seq, f.actual, f.expected,
                count(*) FILTER (WHERE own.op = grp_next.op) AS skipped_score,
                count(*) FILTER (WHERE own_next.op = grp.op) AS extra_score,
-               (SELECT max(seq) FROM collective_calls m WHERE m.run_id = $run AND m.pg_name = f.pg_name
-                  AND m.rank = f.rank) - (SELECT median(last) FROM (SELECT max(seq) AS last FROM collective_calls m
-                  WHERE m.run_id = $run AND m.pg_name = f.pg_name AND m.rank <> f.rank GROUP BY m.rank)) AS lead
+               (SELECT last_seq FROM memberships m WHERE m.run_id = $run AND m.pg_name = f.pg_name
+                  AND m.rank = f.rank) - (SELECT median(last_seq) FROM memberships m
+                  WHERE m.run_id = $run AND m.pg_name = f.pg_name AND m.rank <> f.rank) AS lead
         FROM firsts f CROSS JOIN offsets o
-        LEFT JOIN collective_calls own ON own.run_id = $run AND own.pg_name = f.pg_name AND own.rank = f.rank
-             AND own.seq = f.seq + o.k
-        LEFT JOIN collective_calls own_next ON own_next.run_id = $run AND own_next.pg_name = f.pg_name
-             AND own_next.rank = f.rank AND own_next.seq = f.seq + o.k + 1
-        LEFT JOIN collectives grp ON grp.run_id = $run AND grp.pg_name = f.pg_name AND grp.seq = f.seq + o.k
-        LEFT JOIN collectives grp_next ON grp_next.run_id = $run AND grp_next.pg_name = f.pg_name
-             AND grp_next.seq = f.seq + o.k + 1
+        LEFT JOIN own_calls own ON own.pg_name = f.pg_name AND own.rank = f.rank AND own.seq = f.seq + o.k
+        LEFT JOIN own_calls own_next ON own_next.pg_name = f.pg_name AND own_next.rank = f.rank
+             AND own_next.seq = f.seq + o.k + 1
+        LEFT JOIN group_ops grp ON grp.pg_name = f.pg_name AND grp.seq = f.seq + o.k
+        LEFT JOIN group_ops grp_next ON grp_next.pg_name = f.pg_name AND grp_next.seq = f.seq + o.k + 1
         GROUP BY ALL ORDER BY f.seq, f.rank
     """, {"run": run_id})
     findings, derailed = [], {}
@@ -281,11 +309,12 @@ def _sizes_ok(op: str, inputs: str, outputs: str, members: int) -> bool:
 def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     findings = []
     # 1. ranks whose sizes or dtypes differ from the most common ones at the same collective
-    for column, kind in (("[input_sizes, output_sizes]", "size_mismatch"), ("input_dtypes", "dtype_mismatch")):
+    for column, kind, differ in (("[input_sizes, output_sizes]", "size_mismatch", "sizes_differ"),
+                                 ("input_dtypes", "dtype_mismatch", "dtypes_differ")):
         rows = _rows(con, f"""
             WITH calls AS (
                 SELECT k.*, {column} AS value FROM collective_calls k JOIN collectives c USING (run_id, pg_name, seq)
-                WHERE k.run_id = ? AND k.op = c.op AND k.op NOT IN ('alltoall', 'alltoall_base', 'all_to_all',
+                WHERE k.run_id = ? AND c.{differ} AND k.op = c.op AND k.op NOT IN ('alltoall', 'alltoall_base', 'all_to_all',
                       'scatter', 'gather', 'barrier')
             ), votes AS (
                 SELECT pg_name, seq, value, count(*) AS n FROM calls GROUP BY ALL
@@ -309,21 +338,25 @@ def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
                                     f"{len(deviants)} rank(s) disagree with the group on "
                                     f"{'tensor sizes' if kind == 'size_mismatch' else 'dtypes'}"))
     # 2. per-call syntax rules, checked once per distinct (op, sizes, group size)
-    combos = _rows(con, """
-        SELECT DISTINCT k.op, k.input_sizes::VARCHAR AS input_sizes, k.output_sizes::VARCHAR AS output_sizes,
-               c.members FROM collective_calls k
-        JOIN collectives c USING (run_id, pg_name, seq) WHERE k.run_id = ? AND k.op IN
-            ('all_gather', '_allgather_base', 'all_gather_into_tensor', 'allgather', 'reduce_scatter',
-             '_reduce_scatter_base', 'reduce_scatter_tensor', 'reducescatter')
-    """, [run_id])
+    #    (distinct by hash, so that millions of calls are not turned into text to find a few combinations)
+    sized_calls = """
+        WITH group_sizes AS (SELECT pg_name, count(*) AS members FROM memberships WHERE run_id = $run GROUP BY ALL)
+        SELECT k.*, g.members, hash(k.input_sizes, k.output_sizes) AS sizes_hash
+        FROM collective_calls k JOIN group_sizes g USING (pg_name)
+        WHERE k.run_id = $run AND k.op IN ('all_gather', '_allgather_base', 'all_gather_into_tensor', 'allgather',
+              'reduce_scatter', '_reduce_scatter_base', 'reduce_scatter_tensor', 'reducescatter')
+    """
+    combos = _rows(con, f"""
+        SELECT op, members, sizes_hash, any_value(input_sizes)::VARCHAR AS input_sizes,
+               any_value(output_sizes)::VARCHAR AS output_sizes
+        FROM ({sized_calls}) GROUP BY op, members, sizes_hash
+    """, {"run": run_id})
     bad = [c for c in combos if not _sizes_ok(c["op"], c["input_sizes"], c["output_sizes"], c["members"])]
     for combo in bad:
-        rows = _rows(con, """
-            SELECT k.pg_name, k.seq, list(k.rank ORDER BY k.rank) AS ranks FROM collective_calls k
-            JOIN collectives c USING (run_id, pg_name, seq)
-            WHERE k.run_id = ? AND k.op = ? AND k.input_sizes::VARCHAR IS NOT DISTINCT FROM ? AND
-                  k.output_sizes::VARCHAR IS NOT DISTINCT FROM ? AND c.members = ? GROUP BY ALL ORDER BY k.seq LIMIT 1
-        """, [run_id, combo["op"], combo["input_sizes"], combo["output_sizes"], combo["members"]])
+        rows = _rows(con, f"""
+            SELECT pg_name, seq, list(rank ORDER BY rank) AS ranks FROM ({sized_calls})
+            WHERE op = $op AND sizes_hash = $hash AND members = $members GROUP BY ALL ORDER BY seq LIMIT 1
+        """, {"run": run_id, "op": combo["op"], "hash": combo["sizes_hash"], "members": combo["members"]})
         for row in rows:
             findings.append(Finding("size_mismatch", row["pg_name"], descs.get(row["pg_name"]), row["seq"],
                                     row["ranks"], [], f"{combo['op']} output = input x {combo['members']} ranks",
@@ -352,24 +385,27 @@ def _tail_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     _derailed_table(con, derailed)
     rows = _rows(con, """
         WITH reached AS (   -- ranks that left the group's sequence are reported already; not here
-            SELECT m.pg_name, m.rank, max(k.seq) AS last_seq, min(k.seq) AS first_seq
-            FROM memberships m LEFT JOIN collective_calls k
-              ON k.run_id = m.run_id AND k.pg_name = m.pg_name AND k.rank = m.rank
-            WHERE m.run_id = ? AND (m.pg_name, m.rank) NOT IN (SELECT pg_name, rank FROM _derailed)
-            GROUP BY ALL
+            SELECT m.pg_name, m.rank, m.last_seq, m.first_seq FROM memberships m
+            WHERE m.run_id = $run AND (m.pg_name, m.rank) NOT IN (SELECT pg_name, rank FROM _derailed)
         ), heads AS (
             SELECT pg_name, max(last_seq) AS head FROM reached GROUP BY ALL
+        ), behind AS (
+            SELECT r.pg_name, r.rank, r.last_seq, h.head FROM reached r JOIN heads h USING (pg_name)
+            WHERE r.last_seq IS NULL OR r.last_seq < h.head
+        ), waiting AS (  -- joins keyed by the few ranks behind, not lookups per row
+            SELECT k.pg_name, list(k.rank ORDER BY k.rank) AS waiting
+            FROM collective_calls k JOIN (SELECT DISTINCT pg_name, head FROM behind) h
+              ON k.pg_name = h.pg_name AND k.seq = h.head
+            WHERE k.run_id = $run GROUP BY ALL
         )
-        SELECT r.pg_name, r.rank, r.last_seq, h.head,
-               (SELECT op FROM collectives c WHERE c.run_id = ? AND c.pg_name = r.pg_name AND c.seq = h.head) AS head_op,
-               (SELECT op FROM collective_calls k WHERE k.run_id = ? AND k.pg_name = r.pg_name AND k.rank = r.rank
-                  AND k.seq = r.last_seq) AS last_op,
-               (SELECT list(k.rank ORDER BY k.rank) FROM collective_calls k WHERE k.run_id = ?
-                  AND k.pg_name = r.pg_name AND k.seq = h.head) AS waiting
-        FROM reached r JOIN heads h USING (pg_name)
-        WHERE r.last_seq IS NULL OR r.last_seq < h.head
-        ORDER BY r.pg_name, r.last_seq NULLS FIRST, r.rank
-    """, [run_id, run_id, run_id, run_id])
+        SELECT b.pg_name, b.rank, b.last_seq, b.head, c.op AS head_op, l.op AS last_op, w.waiting
+        FROM behind b
+        LEFT JOIN collectives c ON c.run_id = $run AND c.pg_name = b.pg_name AND c.seq = b.head
+        LEFT JOIN collective_calls l ON l.run_id = $run AND l.pg_name = b.pg_name AND l.rank = b.rank
+             AND l.seq = b.last_seq
+        LEFT JOIN waiting w ON w.pg_name = b.pg_name
+        ORDER BY b.pg_name, b.last_seq NULLS FIRST, b.rank
+    """, {"run": run_id})
     con.unregister("_derailed")
     by_group: dict[str, list[dict]] = {}
     for row in rows:
@@ -392,7 +428,7 @@ def _tail_findings(con, run_id: str, descs, derailed) -> list[Finding]:
 def _truncation_findings(con, run_id: str, descs) -> list[Finding]:
     rows = _rows(con, """
         SELECT pg_name, list(rank ORDER BY rank) AS ranks, min(first_seq) AS earliest, max(first_seq) AS latest
-        FROM (SELECT pg_name, rank, min(seq) AS first_seq FROM collective_calls WHERE run_id = ? GROUP BY ALL)
+        FROM (SELECT pg_name, rank, first_seq FROM memberships WHERE run_id = ? AND first_seq IS NOT NULL)
         WHERE first_seq > 1 GROUP BY ALL ORDER BY pg_name
     """, [run_id])
     return [Finding("truncated_buffer", r["pg_name"], descs.get(r["pg_name"]), r["latest"], [], r["ranks"],
@@ -413,9 +449,13 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
         WITH complete AS (
             SELECT run_id, pg_name, seq FROM collectives c WHERE run_id = ? AND present = members AND members > 1
               AND seq < coalesce((SELECT min(d.seq) FROM _derailed d WHERE d.pg_name = c.pg_name), seq + 1)
-        ), lateness AS (
-            SELECT k.pg_name, k.rank, k.created_ns - median(k.created_ns) OVER (PARTITION BY k.pg_name, k.seq) AS late
+        ), created AS (
+            SELECT k.pg_name, k.seq, k.rank, k.created_ns
             FROM collective_calls k JOIN complete USING (run_id, pg_name, seq) WHERE k.created_ns IS NOT NULL
+        ), medians AS (  -- an aggregate and a join: a windowed median over millions of calls is much slower
+            SELECT pg_name, seq, median(created_ns) AS median_ns FROM created GROUP BY ALL
+        ), lateness AS (
+            SELECT c.pg_name, c.rank, c.created_ns - m.median_ns AS late FROM created c JOIN medians m USING (pg_name, seq)
         ), per_group AS (
             SELECT rank, pg_name, avg(late) AS late, count(*) AS n FROM lateness GROUP BY ALL
         )
@@ -498,19 +538,20 @@ def _p2p_findings(con, run_id: str) -> list[Finding]:
 
 
 STATE_SQL = """
-WITH reach AS (  -- each rank's newest collective in each group
-    SELECT rank, pg_name, max(seq) AS newest FROM collective_calls WHERE run_id = $run GROUP BY ALL
+WITH reach AS (  -- each rank's newest collective in each group where a rank left one unfinished behind
+    SELECT rank, pg_name, last_seq AS newest FROM memberships WHERE run_id = $run AND pg_name IN
+        (SELECT pg_name FROM memberships WHERE run_id = $run AND first_unfinished_seq < last_seq)
 ), calls AS (
-    SELECT k.pg_name, k.seq, k.rank, k.state, r.newest FROM collective_calls k JOIN reach r USING (rank, pg_name)
-    WHERE k.run_id = $run
-), per_collective AS (
-    SELECT pg_name, seq, bool_or(state = 'completed') AS some_completed,
-           list(rank ORDER BY rank) FILTER (WHERE state <> 'completed' AND newest > seq) AS moved_on,
-           map_from_entries(list((rank, state) ORDER BY rank)) AS states
-    FROM calls GROUP BY ALL
+    SELECT k.pg_name, k.seq, k.rank, k.state, k.state <> 'completed' AND r.newest > k.seq AS moved_on
+    FROM collective_calls k JOIN reach r USING (rank, pg_name) WHERE k.run_id = $run
+), firsts AS (  -- cheap flags over every call first; lists and maps only for the first such collective
+    SELECT pg_name, min(seq) AS seq
+    FROM (SELECT pg_name, seq FROM calls GROUP BY ALL HAVING bool_or(state = 'completed') AND bool_or(moved_on))
+    GROUP BY pg_name
 )
-SELECT pg_name, arg_min(seq, seq) AS seq, arg_min(moved_on, seq) AS moved_on, arg_min(states, seq)::VARCHAR AS states
-FROM per_collective WHERE some_completed AND len(moved_on) > 0 GROUP BY pg_name ORDER BY seq
+SELECT pg_name, seq, list(rank ORDER BY rank) FILTER (WHERE moved_on) AS moved_on,
+       map_from_entries(list((rank, state) ORDER BY rank))::VARCHAR AS states
+FROM calls SEMI JOIN firsts USING (pg_name, seq) GROUP BY ALL ORDER BY seq
 """
 
 

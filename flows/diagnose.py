@@ -1,15 +1,18 @@
 """``rankstream diagnose DIR``: the one-shot drop-in for PyTorch's fr_trace, and the shared report.
 
 A dump directory is read completely (bad files are refused with one line) by the columnar loader
-(``flows.dump_loader``, whose rows are those the materializer writes for imported dumps), loaded into
-a temporary in-memory DuckDB, matched with ``flows.collectives``, and reported: a rich table for people, or with
-``--json`` exactly one JSON object on stdout. ``rankstream analyze collectives --run RUN`` gives the
+(``flows.dump_loader``, whose rows are those the materializer writes for imported dumps) into
+Parquet files that a temporary DuckDB reads in place, matched with ``flows.collectives``, and
+reported: a rich table for people, or with ``--json`` exactly one JSON object on stdout. ``rankstream analyze collectives --run RUN`` gives the
 same report for data already in the database.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +23,8 @@ from rankstream.flows.collectives import (INSERT_FINDINGS_JSON_SQL, Finding, bui
 from rankstream.flows.run_tables import replace_run_rows
 from rankstream.schemas.tables import ddl
 
-#: Rows gathered from dump files before one insert: big enough to insert fast, small enough to bound memory.
-_INSERT_ROWS = 200_000
+#: DuckDB's memory limit for a one-shot diagnosis: past it, derived tables spill to the scratch file.
+_MEMORY_LIMIT = "500MB"
 
 __all__ = ["Report", "analyze_run", "analyze_stored", "diagnose_directory", "render_report"]
 
@@ -60,32 +63,34 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
                        pg_filters: set[str] | None = None, allow_incomplete: bool = False,
                        mismatch_cap: int | None = None, with_frames: bool = False
                        ) -> tuple[Report, duckdb.DuckDBPyConnection]:
-    """Load a dump directory into a temporary DuckDB and analyze it (see the module docstring)."""
+    """Load a dump directory into a temporary DuckDB and analyze it (see the module docstring).
+
+    The dumps become Parquet files in a scratch directory (removed when the process exits), which
+    ``fr_entries`` reads in place; the derived tables go to a DuckDB file there, under a memory
+    limit, so memory stays bounded however many dumps there are."""
     import pyarrow as pa
 
-    from rankstream.flows.dump_loader import iter_dump_tables
+    from rankstream.flows.dump_loader import write_dump_parquet
 
     run_id = f"fr-{directory.resolve().name}"
-    con = duckdb.connect()  # a temporary, in-memory database
+    scratch = _scratch_directory()
+    loaded = write_dump_parquet(directory, prefix, run_id, scratch, selected_ranks=selected_ranks,
+                                with_frames=with_frames)
+    con = duckdb.connect(str(scratch / "diagnose.duckdb"))
+    con.execute(f"SET memory_limit = '{_MEMORY_LIMIT}'")
+    con.execute("PRAGMA disable_checkpoint_on_shutdown")  # a scratch file: nothing to keep
     con.execute(ddl())
-    groups: list[dict] = []
-    pending: list = []
-
-    def store() -> None:  # a few files at a time: the rows live in DuckDB only, inserts stay large
-        con.register("_entries", pa.concat_tables(pending))
-        con.execute("INSERT INTO fr_entries SELECT * FROM _entries")
-        con.unregister("_entries")
-        pending.clear()
-
-    for _, entries, rank_groups in iter_dump_tables(directory, prefix, run_id, selected_ranks=selected_ranks,
-                                                    with_frames=with_frames):
-        pending.append(entries)
-        groups += rank_groups
-        if sum(t.num_rows for t in pending) >= _INSERT_ROWS:
-            store()
-    if pending:
-        store()
-    if groups:
+    if loaded.parquet_files:
+        con.execute("SET VARIABLE entry_files = $files", {"files": [str(f) for f in loaded.parquet_files]})
+        con.execute("SET VARIABLE pg_filters = $filters", {"filters": sorted(pg_filters or [])})
+        con.execute("DROP TABLE fr_entries")
+        con.execute("""
+            CREATE VIEW fr_entries AS SELECT * FROM read_parquet(getvariable('entry_files'))
+            WHERE len(getvariable('pg_filters')) = 0 OR list_contains(getvariable('pg_filters'), pg_name)
+               OR list_contains(getvariable('pg_filters'), pg_desc)
+        """)
+    if loaded.groups:
+        groups = loaded.groups
         con.register("_groups", pa.table({
             "run_id": [run_id] * len(groups), "rank": pa.array([g["rank"] for g in groups], pa.int32()),
             "reported_ns": pa.array([0] * len(groups), pa.int64()), "pg_name": [g["pg_name"] for g in groups],
@@ -94,10 +99,15 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
             "backend": [g["backend"] for g in groups]}))
         con.execute("INSERT INTO process_groups SELECT * FROM _groups")
         con.unregister("_groups")
-    if pg_filters:
-        con.execute("DELETE FROM fr_entries WHERE pg_name NOT IN (SELECT unnest($f)) "
-                    "AND pg_desc NOT IN (SELECT unnest($f))", {"f": sorted(pg_filters)})
     return analyze_run(con, run_id, mismatch_cap, allow_incomplete), con
+
+
+def _scratch_directory() -> Path:
+    """A private temporary directory that lives until the process exits (the returned connection
+    reads from it)."""
+    path = Path(tempfile.mkdtemp(prefix="rankstream-diagnose-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) -> Report:

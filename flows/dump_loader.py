@@ -1,20 +1,24 @@
-"""Fast loading of a Flight Recorder dump directory straight into DuckDB, for ``diagnose``.
+"""Fast loading of a Flight Recorder dump directory for ``diagnose``: dumps to Parquet files.
 
 The importer (``rankstream import fr``) publishes through the bus and is bound by per-entry
-validation; a one-shot diagnosis of thousands of dumps cannot afford that. Here each file becomes
-an Arrow table directly: unpickled (plain-data unpickler) or JSON-parsed, its entries turned into
-columns in one pass per field, and its dicts dropped before the next file, so memory holds columns,
-not millions of dicts. Files are read by worker processes when there are many. The resulting
+validation; a one-shot diagnosis of thousands of dumps cannot afford that. Here worker processes
+turn each file into an Arrow table directly (unpickled with the plain-data unpickler or
+JSON-parsed, the entry dicts converted by Arrow, then dropped) and write a chunk of dumps per
+Parquet file, which DuckDB reads in place: the rows never pass through the caller's process. The
 ``fr_entries`` rows are the same as those the materializer writes for imported dumps.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
+import hashlib
+import json
 import multiprocessing
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,7 +30,7 @@ from rankstream.consumers.projector import FR_FRAMES_TYPE, FR_SIZES_TYPE
 from rankstream.schemas.fr_dump import DUMP_FIELDS, groups_from_pg_config
 from rankstream.schemas.safe_pickle import UnsafePickle
 
-__all__ = ["iter_dump_tables", "load_dump_directory", "FR_SCHEMA"]
+__all__ = ["LoadedDumps", "write_dump_parquet", "load_dump_directory", "FR_SCHEMA"]
 
 FR_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("rank", pa.int32()), ("snapshot_ns", pa.int64()), ("record_id", pa.int64()),
@@ -49,7 +53,34 @@ _ANALYSIS_FIELDS = ("collective_seq_id", "p2p_seq_id", "profiling_name", "time_c
                     "input_dtypes", "output_sizes", "state", "is_p2p")
 
 
+#: The analysis columns as Arrow converts them straight from the entry dicts (in C++, which is
+#: about twice as fast as gathering each column in Python); ``process_group`` is split afterwards.
+_ANALYSIS_STRUCT = pa.struct([("record_id", pa.int64()), ("process_group", pa.list_(pa.string()))] + [
+    (name, FR_SCHEMA.field(name).type) for name in _ANALYSIS_FIELDS])
+
+
+def _analysis_table(entries: list, rank: int, run_id: str) -> pa.Table:
+    """The columns the analysis reads, converted by Arrow; other columns NULL. Raises ArrowInvalid
+    or ArrowTypeError where a dump strays from torch's types (then ``_table`` converts leniently)."""
+    n = len(entries)
+    fields = pa.array(entries, type=_ANALYSIS_STRUCT).flatten()
+    by_name = dict(zip(_ANALYSIS_STRUCT.names, fields))
+    group = by_name.pop("process_group")
+    columns = {"run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array([rank] * n, pa.int32()),
+               "snapshot_ns": pa.array([0] * n, pa.int64()), **by_name,
+               "pg_name": pc.list_element(group, 0) if n else pa.array([], pa.string()),
+               "pg_desc": pc.if_else(pc.greater(pc.list_value_length(group), 1),
+                                     pc.list_element(group, 1), None) if n else pa.array([], pa.string())}
+    return pa.table([columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in FR_SCHEMA],
+                    schema=FR_SCHEMA)
+
+
 def _table(entries: list, rank: int, run_id: str, with_frames: bool, complete: bool = True) -> pa.Table:
+    if not complete and not with_frames:
+        try:
+            return _analysis_table(entries, rank, run_id)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):
+            pass  # not torch's exact types: the lenient conversion below decides
     n = len(entries)
     columns: dict[str, Any] = {"run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array([rank] * n, pa.int32()),
                                "snapshot_ns": pa.array([0] * n, pa.int64()),
@@ -71,23 +102,99 @@ def _table(entries: list, rank: int, run_id: str, with_frames: bool, complete: b
     return pa.table(columns, schema=FR_SCHEMA)
 
 
-def _load_one(job: tuple[int, str, str, bool, bool]) -> tuple[str, Any]:
-    """Runs in a worker: one file to ("ok", (IPC bytes, groups)) or ("error", one-line message).
+#: The last ``pg_config`` this process read, its backend, and what it gave: ``(config, backend, key, groups)``.
+_last_groups: tuple = (None, None, b"", [])
+
+
+def _process_groups(pg_config: Any, backend: str | None) -> tuple[bytes, list[dict]]:
+    """``(key, groups)`` of one dump. Every rank's dump usually repeats the same ``pg_config`` (all
+    groups, thousands of rank lists at scale): comparing it with the previous dump's is a fraction
+    of reading it again, and the key (a digest of the groups) lets the parent keep one copy."""
+    global _last_groups
+    config, last_backend, key, groups = _last_groups
+    if pg_config != config or backend != last_backend:
+        groups = groups_from_pg_config(pg_config, backend)
+        key = hashlib.blake2b(json.dumps(groups).encode(), digest_size=16).digest()
+        _last_groups = (copy.deepcopy(pg_config), backend, key, groups)
+    return key, groups
+
+
+@dataclass
+class LoadedDumps:
+    """What ``write_dump_parquet`` wrote: Parquet files of ``fr_entries`` rows, the process groups
+    (each distinct configuration once, as the first rank that reported it) and the ranks read."""
+    parquet_files: list[Path]
+    groups: list[dict]
+    ranks: list[int]
+
+
+def write_dump_parquet(directory: Path, prefix: str, run_id: str, out_dir: Path, *,
+                       selected_ranks: set[int] | None = None, with_frames: bool = False,
+                       complete: bool = False) -> LoadedDumps:
+    """Read every dump of ``directory`` into Parquet files in ``out_dir``, a chunk of dumps per file.
+
+    Worker processes read and write; the caller's process only gathers the process groups, so on a
+    small machine it does not compete with them, and the rows never pass through it (DuckDB reads
+    the files). ``complete=False`` fills only the columns the analysis reads. Raises BadInput naming
+    the first bad file, in rank-file order."""
+    files = list_fr_files(directory, prefix, selected_ranks)
+    workers = min(os.cpu_count() or 1, 4)
+    per_chunk = max(1, min(64, len(files) // (workers * 8)))
+    jobs = [(str(out_dir / f"entries-{i:05d}.parquet"), [(rank, str(path)) for rank, path in files[at:at + per_chunk]],
+             run_id, with_frames, complete) for i, at in enumerate(range(0, len(files), per_chunk))]
+    if len(files) >= _PARALLEL_FROM and workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            return _gathered(pool.imap(_load_chunk, jobs))
+    return _gathered(map(_load_chunk, jobs))
+
+
+def _gathered(results) -> LoadedDumps:
+    loaded, seen_groups = LoadedDumps([], [], []), set()
+    for status, value in results:
+        if status == "error":
+            raise BadInput(value)
+        parquet_file, dumps = value
+        if parquet_file is not None:
+            loaded.parquet_files.append(Path(parquet_file))
+        for rank, key, groups in dumps:
+            loaded.ranks.append(rank)
+            if key not in seen_groups:
+                seen_groups.add(key)
+                loaded.groups += [{"rank": rank, **g} for g in groups]
+    return loaded
+
+
+def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tuple[str, Any]:
+    """Runs in a worker: some dumps to one Parquet file, giving ``("ok", (file or None, [(rank,
+    groups key, groups)]))``, or ``("error", one-line message)`` at the first bad dump.
 
     The cyclic garbage collector is paused meanwhile: a dump unpickles into tens of thousands of
     small objects that hold no cycles, and collecting as they appear costs a third of the time."""
+    import pyarrow.parquet as pq
+
+    out_path, dumps, run_id, with_frames, complete = job
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load_file(job)
+        tables, read = [], []
+        for rank, path_text in dumps:
+            status, value = _load_file(Path(path_text), rank, run_id, with_frames, complete)
+            if status == "error":
+                return status, value
+            table, key, groups = value
+            tables.append(table)
+            read.append((rank, key, [] if key in (k for _, k, _ in read) else groups))  # each key's groups once
+        rows = pa.concat_tables(tables)
+        if not rows.num_rows:
+            return "ok", (None, read)
+        pq.write_table(rows, out_path, compression="none")
+        return "ok", (out_path, read)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _load_file(job: tuple[int, str, str, bool, bool]) -> tuple[str, Any]:
-    rank, path_text, run_id, with_frames, complete = job
-    path = Path(path_text)
+def _load_file(path: Path, rank: int, run_id: str, with_frames: bool, complete: bool) -> tuple[str, Any]:
     try:
         check_input_file(path)
         dump = parse_dump_bytes(path.read_bytes())
@@ -103,10 +210,7 @@ def _load_file(job: tuple[int, str, str, bool, bool]) -> tuple[str, Any]:
             raise BadInput(f"{path}: an entry has no profiling_name")
         prefixes = {n.split(":", 1)[0] for n in pc.unique(table["profiling_name"]).to_pylist() if ":" in n}
         backend = prefixes.pop() if len(prefixes) == 1 else None
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return "ok", (sink.getvalue().to_pybytes(), groups_from_pg_config(dump.get("pg_config"), backend))
+        return "ok", (table, *_process_groups(dump.get("pg_config"), backend))
     except BadInput as exc:
         return "error", str(exc)
     except (UnsafePickle, ValueError) as exc:
@@ -115,35 +219,15 @@ def _load_file(job: tuple[int, str, str, bool, bool]) -> tuple[str, Any]:
         return "error", f"{path}: cannot read: {exc.strerror or exc}"
 
 
-def iter_dump_tables(directory: Path, prefix: str, run_id: str, *, selected_ranks: set[int] | None = None,
-                     with_frames: bool = False, complete: bool = False) -> Iterator[tuple[int, pa.Table, list[dict]]]:
-    """``(rank, fr_entries rows, process groups)`` per dump, in rank-file order, as workers finish
-    them, so a caller can store each one and drop it. ``complete=False`` fills only the columns the
-    analysis reads. Raises BadInput naming the first bad file."""
-    files = list_fr_files(directory, prefix, selected_ranks)
-    jobs = [(rank, str(path), run_id, with_frames, complete) for rank, path in files]
-    if len(jobs) >= _PARALLEL_FROM and (os.cpu_count() or 1) > 1:
-        with multiprocessing.get_context("fork").Pool(min(os.cpu_count() or 2, 4)) as pool:
-            yield from _decoded(files, pool.imap(_load_one, jobs, chunksize=max(1, len(jobs) // 64)))
-    else:
-        yield from _decoded(files, (_load_one(job) for job in jobs))
-
-
-def _decoded(files, results) -> Iterator[tuple[int, pa.Table, list[dict]]]:
-    for (rank, _), (status, value) in zip(files, results):
-        if status == "error":
-            raise BadInput(value)
-        ipc, groups = value
-        yield rank, pa.ipc.open_stream(pa.py_buffer(ipc)).read_all(), [{"rank": rank, **g} for g in groups]
-
-
 def load_dump_directory(directory: Path, prefix: str, run_id: str, *, selected_ranks: set[int] | None = None,
                         with_frames: bool = False, complete: bool = False) -> tuple[pa.Table, list[dict], list[int]]:
     """All dumps as one ``fr_entries`` Arrow table, the process groups and the ranks read."""
-    tables, groups, ranks = [], [], []
-    for rank, table, rank_groups in iter_dump_tables(directory, prefix, run_id, selected_ranks=selected_ranks,
-                                                     with_frames=with_frames, complete=complete):
-        tables.append(table)
-        groups += rank_groups
-        ranks.append(rank)
-    return pa.concat_tables(tables), groups, ranks
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="rankstream-dumps-") as scratch:
+        loaded = write_dump_parquet(directory, prefix, run_id, Path(scratch), selected_ranks=selected_ranks,
+                                    with_frames=with_frames, complete=complete)
+        tables = [pq.read_table(path, schema=FR_SCHEMA) for path in loaded.parquet_files]
+    return (pa.concat_tables(tables) if tables else FR_SCHEMA.empty_table()), loaded.groups, loaded.ranks

@@ -13,6 +13,7 @@ what real dumps do (torch 2.x, NCCL and gloo, pickle and JSON):
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Mapping
 
@@ -54,12 +55,23 @@ def entry_from_dump(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 def _ranks(value: Any) -> list[int] | None:
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
+        parsed = _ranks_text(value)
+        return None if parsed is None else list(parsed)
     if isinstance(value, list) and all(type(r) is int for r in value) and value:
         return value
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_text(text: str) -> tuple[int, ...] | None:
+    """NCCL dumps write each group's ranks as JSON text, and every rank's dump repeats every group:
+    at 2,048 ranks, decoding them once per distinct text instead of once per dump saves seconds."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, list) and all(type(r) is int for r in value) and value:
+        return tuple(value)
     return None
 
 
