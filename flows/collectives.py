@@ -176,10 +176,14 @@ FROM consensus c JOIN group_sizes g USING (run_id, pg_name)
 """
 
 
-def build_collective_tables(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> None:
-    """(Re)build memberships, collective_calls and collectives for one run (or all runs)."""
+def build_collective_tables(con: duckdb.DuckDBPyConnection, run_id: str | None = None, *,
+                            repeats: bool | None = None, coalesced: bool | None = None) -> None:
+    """(Re)build memberships, collective_calls and collectives for one run (or all runs).
+    ``repeats``/``coalesced``: whether records repeat and whether any collectives were coalesced,
+    when the caller knows (a dump loader does); otherwise the entries are scanned to find out."""
     params = {"run": run_id}
-    repeats, coalesced = con.execute(REPEATS_SQL, params).fetchone()
+    if repeats is None or coalesced is None:
+        repeats, coalesced = con.execute(REPEATS_SQL, params).fetchone()
     con.execute(_calls_sql(latest_only=repeats, coalesced=coalesced), params)
     con.execute(MEMBERSHIPS_SQL, params)
     con.execute(COLLECTIVES_SQL)

@@ -46,8 +46,9 @@ class Report:
 
 
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None,
-                allow_incomplete: bool = False) -> Report:
-    build_collective_tables(con, run_id)
+                allow_incomplete: bool = False, **layout: bool) -> Report:
+    """``layout``: what ``build_collective_tables`` may be told instead of scanning for it."""
+    build_collective_tables(con, run_id, **layout)
     findings = findings_for_run(con, run_id, mismatch_cap)
     store_findings(con, run_id, findings)
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM collective_calls WHERE run_id = ? ORDER BY rank",
@@ -99,7 +100,8 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
             "backend": [g["backend"] for g in groups]}))
         con.execute("INSERT INTO process_groups SELECT * FROM _groups")
         con.unregister("_groups")
-    return analyze_run(con, run_id, mismatch_cap, allow_incomplete), con
+    return analyze_run(con, run_id, mismatch_cap, allow_incomplete, repeats=loaded.repeated_records,
+                       coalesced=loaded.coalesced), con
 
 
 def _scratch_directory() -> Path:

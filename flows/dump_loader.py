@@ -126,6 +126,10 @@ class LoadedDumps:
     parquet_files: list[Path]
     groups: list[dict]
     ranks: list[int]
+    #: Whether a dump holds a record id twice, and whether any coalesced collectives (the matching
+    #: skips the work each would need when it knows there are none).
+    repeated_records: bool = False
+    coalesced: bool = False
 
 
 def write_dump_parquet(directory: Path, prefix: str, run_id: str, out_dir: Path, *,
@@ -153,9 +157,11 @@ def _gathered(results) -> LoadedDumps:
     for status, value in results:
         if status == "error":
             raise BadInput(value)
-        parquet_file, dumps = value
+        parquet_file, dumps, layout = value
         if parquet_file is not None:
             loaded.parquet_files.append(Path(parquet_file))
+        loaded.repeated_records |= layout["repeated_records"]
+        loaded.coalesced |= layout["coalesced"]
         for rank, key, groups in dumps:
             loaded.ranks.append(rank)
             if key not in seen_groups:
@@ -166,7 +172,7 @@ def _gathered(results) -> LoadedDumps:
 
 def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tuple[str, Any]:
     """Runs in a worker: some dumps to one Parquet file, giving ``("ok", (file or None, [(rank,
-    groups key, groups)]))``, or ``("error", one-line message)`` at the first bad dump.
+    groups key, groups)], layout flags))``, or ``("error", one-line message)`` at the first bad dump.
 
     The cyclic garbage collector is paused meanwhile: a dump unpickles into tens of thousands of
     small objects that hold no cycles, and collecting as they appear costs a third of the time."""
@@ -184,11 +190,13 @@ def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tupl
             table, key, groups = value
             tables.append(table)
             read.append((rank, key, [] if key in (k for _, k, _ in read) else groups))  # each key's groups once
+        layout = {"repeated_records": any(pc.count_distinct(t["record_id"]).as_py() < t.num_rows for t in tables),
+                  "coalesced": any(pc.any(pc.match_substring(t["profiling_name"], "coalesced")).as_py() for t in tables)}
         rows = pa.concat_tables(tables)
         if not rows.num_rows:
-            return "ok", (None, read)
+            return "ok", (None, read, layout)
         pq.write_table(rows, out_path, compression="none")
-        return "ok", (out_path, read)
+        return "ok", (out_path, read, layout)
     finally:
         if gc_was_enabled:
             gc.enable()
