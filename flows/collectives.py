@@ -114,7 +114,6 @@ SELECT * FROM singles UNION ALL BY NAME SELECT * FROM coalesced
 """
 
 
-
 #: Whether any record was stored more than once (dumps hold each entry once, so picking the newest
 #: state is not needed: several times faster), and whether the run coalesced any collectives.
 #: Counting distinct hashes is several times faster than distinct tuples; a collision can only make
@@ -444,8 +443,8 @@ def _truncation_findings(con, run_id: str, descs) -> list[Finding]:
 def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     """Ranks consistently late to create their collectives (only where the group is still aligned).
 
-    Lateness is measured against each collective's median creation time and averaged per rank over
-    all its groups: a rank that waits for a slow peer in a small group looks late in the larger
+    Lateness is measured against the mean creation time of the other members and averaged per rank
+    over all its groups: a rank that waits for a slow peer in a small group looks late in the larger
     groups too, but it is early in the group it shares with the slow peer, which cancels it out.
     """
     _derailed_table(con, derailed)
@@ -456,10 +455,11 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
         ), created AS (
             SELECT k.pg_name, k.seq, k.rank, k.created_ns
             FROM collective_calls k JOIN complete USING (run_id, pg_name, seq) WHERE k.created_ns IS NOT NULL
-        ), medians AS (  -- an aggregate and a join: a windowed median over millions of calls is much slower
-            SELECT pg_name, seq, median(created_ns) AS median_ns FROM created GROUP BY ALL
-        ), lateness AS (
-            SELECT c.pg_name, c.rank, c.created_ns - m.median_ns AS late FROM created c JOIN medians m USING (pg_name, seq)
+        ), totals AS (  -- sums, not medians: their state is small and spills (a median's did not fit at 8,192 ranks)
+            SELECT pg_name, seq, sum(created_ns) AS total_ns, count(*) AS n FROM created GROUP BY ALL
+        ), lateness AS (  -- against the mean of the other members, so a lone straggler's lag is measured in full
+            SELECT c.pg_name, c.rank, c.created_ns - (t.total_ns - c.created_ns) / (t.n - 1) AS late
+            FROM created c JOIN totals t USING (pg_name, seq) WHERE t.n > 1
         ), per_group AS (
             SELECT rank, pg_name, avg(late) AS late, count(*) AS n FROM lateness GROUP BY ALL
         )
@@ -472,7 +472,7 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     con.unregister("_derailed")
     findings = [Finding("straggler", r["worst_group"], descs.get(r["worst_group"]), None, [r["rank"]], [], None,
                         {"mean_late_ms": round(r["mean_late_ns"] / 1e6, 2), "late_share": round(r["late_share"], 2)},
-                        f"rank {r['rank']} creates its collectives {r['mean_late_ns'] / 1e6:.1f} ms after the median of "
+                        f"rank {r['rank']} creates its collectives {r['mean_late_ns'] / 1e6:.1f} ms after the mean of "
                         f"its peers on average, late in {r['late_share']:.0%} of {r['n']} (most in group "
                         f"{r['worst_group']})")
                 for r in rows]
