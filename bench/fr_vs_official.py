@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -87,6 +88,7 @@ def main() -> None:
             row.update(official=official_culprits(output), official_s=wall, official_mb=rss)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        shutil.rmtree(directory, ignore_errors=True)  # 8,192 x 2,000 dumps take 4 GB
 
     print(f"\nrankstream diagnose vs torch fr_trace (fault {args.fault} on rank {args.fault_rank})")
     print(f"{'size':>14} | {'rankstream verdict':>24} {'s':>7} {'MB':>7} {'analysis s':>10} | "
