@@ -151,26 +151,29 @@ SELECT m.run_id, m.pg_name, d.pg_desc, m.rank, r.first_seq, r.last_seq, r.first_
 FROM members m LEFT JOIN reached r USING (run_id, pg_name, rank) LEFT JOIN descs d USING (run_id, pg_name)
 """
 
-#: ``collectives``: the consensus op per (group, sequence number), and whether the members' sizes or
+#: ``collectives``: the consensus op per (group, sequence number), whether the members' sizes or
 #: dtypes differ at all (compared by hash, so that the size and dtype checks look only at the few
-#: collectives where they do; a 64-bit collision could hide one difference, a 2^-64 chance).
+#: collectives where they do; a 64-bit collision could hide one difference, a 2^-64 chance), and
+#: the sum and count of the members' creation times (the straggler check's means).
 COLLECTIVES_SQL = """
 CREATE OR REPLACE TABLE collectives AS
 WITH votes AS (
     SELECT run_id, pg_name, seq, op, count(*) AS n,
            min(hash(input_sizes, output_sizes)) AS sizes_low, max(hash(input_sizes, output_sizes)) AS sizes_high,
-           min(hash(input_dtypes)) AS dtypes_low, max(hash(input_dtypes)) AS dtypes_high
+           min(hash(input_dtypes)) AS dtypes_low, max(hash(input_dtypes)) AS dtypes_high,
+           sum(created_ns) AS created_sum_ns, count(created_ns) AS created_count
     FROM collective_calls GROUP BY ALL
 ), consensus AS (
     SELECT run_id, pg_name, seq, arg_max(op, n) AS op, max(n) AS votes, sum(n) AS present,
            count(*) AS distinct_ops, min(sizes_low) <> max(sizes_high) AS sizes_differ,
-           min(dtypes_low) <> max(dtypes_high) AS dtypes_differ
+           min(dtypes_low) <> max(dtypes_high) AS dtypes_differ, sum(created_sum_ns) AS created_sum_ns,
+           sum(created_count) AS created_count
     FROM votes GROUP BY ALL
 ), group_sizes AS (
     SELECT run_id, pg_name, count(*) AS members FROM memberships GROUP BY ALL
 )
 SELECT c.run_id, c.pg_name, c.seq, c.op, c.votes, c.present, c.distinct_ops, c.sizes_differ, c.dtypes_differ,
-       g.members
+       c.created_sum_ns, c.created_count, g.members
 FROM consensus c JOIN group_sizes g USING (run_id, pg_name)
 """
 
@@ -317,7 +320,8 @@ def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
         rows = _rows(con, f"""
             WITH calls AS (
                 SELECT k.*, {column} AS value FROM collective_calls k JOIN collectives c USING (run_id, pg_name, seq)
-                WHERE k.run_id = ? AND c.{differ} AND k.op = c.op AND k.op NOT IN ('alltoall', 'alltoall_base', 'all_to_all',
+                WHERE k.run_id = ? AND c.{differ} AND k.op = c.op
+                  AND k.op NOT IN ('alltoall', 'alltoall_base', 'all_to_all',
                       'scatter', 'gather', 'barrier')
             ), votes AS (
                 SELECT pg_name, seq, value, count(*) AS n FROM calls GROUP BY ALL
@@ -450,23 +454,21 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     _derailed_table(con, derailed)
     rows = _rows(con, f"""
         WITH complete AS (
-            SELECT run_id, pg_name, seq FROM collectives c WHERE run_id = ? AND present = members AND members > 1
+            SELECT run_id, pg_name, seq, created_sum_ns, created_count FROM collectives c
+            WHERE run_id = ? AND present = members AND members > 1 AND created_count > 1
               AND seq < coalesce((SELECT min(d.seq) FROM _derailed d WHERE d.pg_name = c.pg_name), seq + 1)
-        ), created AS (
-            SELECT k.pg_name, k.seq, k.rank, k.created_ns
-            FROM collective_calls k JOIN complete USING (run_id, pg_name, seq) WHERE k.created_ns IS NOT NULL
-        ), totals AS (  -- sums, not medians: their state is small and spills (a median's did not fit at 8,192 ranks)
-            SELECT pg_name, seq, sum(created_ns) AS total_ns, count(*) AS n FROM created GROUP BY ALL
         ), lateness AS (  -- against the mean of the other members, so a lone straggler's lag is measured in full
-            SELECT c.pg_name, c.rank, c.created_ns - (t.total_ns - c.created_ns) / (t.n - 1) AS late
-            FROM created c JOIN totals t USING (pg_name, seq) WHERE t.n > 1
+            SELECT k.pg_name, k.rank, k.created_ns - (c.created_sum_ns - k.created_ns) / (c.created_count - 1) AS late
+            FROM collective_calls k JOIN complete c USING (run_id, pg_name, seq) WHERE k.created_ns IS NOT NULL
         ), per_group AS (
-            SELECT rank, pg_name, avg(late) AS late, count(*) AS n FROM lateness GROUP BY ALL
+            SELECT rank, pg_name, sum(late) AS late_sum, count(*) AS n, count(*) FILTER (WHERE late > 0) AS late_n
+            FROM lateness GROUP BY ALL
         )
-        SELECT rank, avg(late)::BIGINT AS mean_late_ns, avg((late > 0)::INT) AS late_share, count(*) AS n,
-               (SELECT pg_name FROM per_group g WHERE g.rank = l.rank ORDER BY g.late DESC LIMIT 1) AS worst_group
-        FROM lateness l GROUP BY rank
-        HAVING n >= 10 AND avg(late) > {STRAGGLER_MIN_NS} AND avg((late > 0)::INT) >= {STRAGGLER_SHARE}
+        SELECT rank, (sum(late_sum) / sum(n))::BIGINT AS mean_late_ns, sum(late_n) / sum(n) AS late_share,
+               sum(n) AS n, arg_max(pg_name, late_sum / n) AS worst_group
+        FROM per_group GROUP BY rank
+        HAVING sum(n) >= 10 AND sum(late_sum) / sum(n) > {STRAGGLER_MIN_NS}
+           AND sum(late_n) / sum(n) >= {STRAGGLER_SHARE}
         ORDER BY mean_late_ns DESC
     """, [run_id])
     con.unregister("_derailed")
@@ -581,7 +583,8 @@ def findings_for_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: 
     descs = _group_descs(con, run_id)
     type_findings, derailed = _type_findings(con, run_id, descs)
     findings = (type_findings + _size_findings(con, run_id, descs, derailed)
-                + _state_findings(con, run_id, descs, derailed) + _tail_findings(con, run_id, descs, derailed) + _truncation_findings(con, run_id, descs)
+                + _state_findings(con, run_id, descs, derailed) + _tail_findings(con, run_id, descs, derailed)
+                + _truncation_findings(con, run_id, descs)
                 + _straggler_findings(con, run_id, descs, derailed) + _p2p_findings(con, run_id))
     findings.sort(key=lambda f: (f.kind not in DESYNC_KINDS and f.kind != "hang", f.seq is None,
                                  f.seq if f.seq is not None else 0, _ORDER[f.kind], f.group))

@@ -3,8 +3,8 @@
 A dump directory is read completely (bad files are refused with one line) by the columnar loader
 (``flows.dump_loader``, whose rows are those the materializer writes for imported dumps) into
 Parquet files that a temporary DuckDB reads in place, matched with ``flows.collectives``, and
-reported: a rich table for people, or with ``--json`` exactly one JSON object on stdout. ``rankstream analyze collectives --run RUN`` gives the
-same report for data already in the database.
+reported: a rich table for people, or with ``--json`` exactly one JSON object on stdout.
+``rankstream analyze collectives --run RUN`` gives the same report for data already in the database.
 """
 
 from __future__ import annotations

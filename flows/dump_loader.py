@@ -190,8 +190,10 @@ def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tupl
             table, key, groups = value
             tables.append(table)
             read.append((rank, key, [] if key in (k for _, k, _ in read) else groups))  # each key's groups once
-        layout = {"repeated_records": any(pc.count_distinct(t["record_id"]).as_py() < t.num_rows for t in tables),
-                  "coalesced": any(pc.any(pc.match_substring(t["profiling_name"], "coalesced")).as_py() for t in tables)}
+        layout = {
+            "repeated_records": any(pc.count_distinct(t["record_id"]).as_py() < t.num_rows for t in tables),
+            "coalesced": any(pc.any(pc.match_substring(t["profiling_name"], "coalesced")).as_py() for t in tables),
+        }
         rows = pa.concat_tables(tables)
         if not rows.num_rows:
             return "ok", (None, read, layout)
