@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 
+from rankstream.errors import RankstreamError
 from rankstream.flows.collectives import (INSERT_FINDINGS_JSON_SQL, Finding, build_collective_tables, findings_for_run,
                                           findings_rows, store_findings, verdict)
 from rankstream.flows.run_tables import replace_run_rows
@@ -101,8 +102,13 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
             "backend": [g["backend"] for g in groups]}))
         con.execute("INSERT INTO process_groups SELECT * FROM _groups")
         con.unregister("_groups")
-    return analyze_run(con, run_id, mismatch_cap, allow_incomplete, repeats=loaded.repeated_records,
-                       coalesced=loaded.coalesced), con
+    try:
+        report = analyze_run(con, run_id, mismatch_cap, allow_incomplete, repeats=loaded.repeated_records,
+                             coalesced=loaded.coalesced)
+    except duckdb.OutOfMemoryException as exc:
+        raise RankstreamError(f"{directory}: the analysis ran out of its {_MEMORY_LIMIT} of working memory "
+                              f"({str(exc).splitlines()[0]})") from exc
+    return report, con
 
 
 def _scratch_directory() -> Path:

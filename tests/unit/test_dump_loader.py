@@ -72,3 +72,13 @@ def test_the_loader_reports_repeated_records_and_coalesced_collectives(tmp_path)
     out.mkdir()
     loaded = write_dump_parquet(tmp_path, "rank_", "run", out)
     assert loaded.repeated_records and loaded.coalesced
+
+
+def test_running_out_of_memory_is_one_clear_error(tmp_path, monkeypatch):
+    from rankstream.errors import RankstreamError
+    from rankstream.flows import diagnose
+
+    write_dumps(tmp_path / "job", 16, 300)
+    monkeypatch.setattr(diagnose, "_MEMORY_LIMIT", "1MB")
+    with pytest.raises(RankstreamError, match=r"job: the analysis ran out of its 1MB of working memory"):
+        diagnose.diagnose_directory(tmp_path / "job", prefix="rank_")
