@@ -55,8 +55,8 @@ WITH names AS MATERIALIZED (
 ), comm AS (
     SELECT rank, sum(greatest(0, end_ns - greatest(start_ns, coalesce(covered, start_ns)))) AS communication_ns
     FROM comm_reach GROUP BY rank
-), spans AS (
-    SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) - min(ts_ns) AS span_ns FROM aligned_events
+), spans AS (  -- a rank's span is a difference of its own times, so its clock offset cancels out
+    SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) - min(ts_ns) AS span_ns FROM trace_events
     WHERE run_id = $run AND ph <> 'M' GROUP BY rank
 ), parts AS (
     SELECT s.rank, s.span_ns, coalesce(t.compute_ns, 0) AS compute_ns, coalesce(c.communication_ns, 0) AS comm_ns,
