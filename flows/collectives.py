@@ -9,7 +9,7 @@ entries, not with their square. The tables it (re)builds for a run:
   does not list them (gloo), from the ranks that logged entries for the group, with the group's
   description, the first and last sequence number each rank logged, and the oldest one it logged
   but did not complete (NULL if none);
-* ``collective_calls``: one row per rank's collective entry, with its op and sizes;
+* ``collective_calls``: one row per rank's collective entry, with its op, sizes and dtypes (and their hashes);
 * ``collectives``: one row per (group, sequence number) with the consensus op and who was there;
 * ``findings``: what is wrong, each naming the group, the sequence number, the culprit ranks and
   the evidence (see ``FINDING_KINDS``).
@@ -67,11 +67,6 @@ class Finding:
                 "expected": self.expected, "actual": self.actual, "detail": self.detail}
 
 
-_CALL_FILTER = """
-WHERE coalesce(is_p2p, false) = false AND collective_seq_id IS NOT NULL AND collective_seq_id > 0
-  AND profiling_name NOT LIKE '%:send%' AND profiling_name NOT LIKE '%:recv%'
-  AND ($run IS NULL OR run_id = $run)
-"""
 _OP = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
 _COALESCED = "profiling_name LIKE '%coalesced%'"
 
@@ -85,16 +80,26 @@ def _calls_sql(latest_only: bool, coalesced: bool) -> str:
     ``coalesced``: whether there are any; without, each entry is a call (a third faster)."""
     latest = "QUALIFY row_number() OVER (PARTITION BY run_id, rank, record_id ORDER BY snapshot_ns DESC) = 1" \
         if latest_only else ""
+    # the names of collectives (not send/recv) and their ops, worked out once per distinct name (a
+    # handful) and joined back: string work on every entry took most of this statement's time
+    ops = f"""ops AS MATERIALIZED (
+    SELECT profiling_name, {_OP} AS op, {_COALESCED} AS marker
+    FROM (SELECT DISTINCT profiling_name FROM fr_entries WHERE $run IS NULL OR run_id = $run)
+    WHERE profiling_name NOT LIKE '%:send%' AND profiling_name NOT LIKE '%:recv%')"""
     entries = f"""
-    SELECT run_id, rank, pg_name, pg_desc, collective_seq_id AS seq, record_id, {_OP} AS op,
+    SELECT run_id, rank, pg_name, pg_desc, collective_seq_id AS seq, record_id, ops.op,
            input_sizes, output_sizes, input_dtypes, state, time_created_ns AS created_ns,
-           time_discovered_completed_ns AS completed_ns, frames{f", {_COALESCED} AS marker" if coalesced else ""}
-    FROM fr_entries {_CALL_FILTER} {latest}"""
+           time_discovered_completed_ns AS completed_ns, frames{", ops.marker" if coalesced else ""}
+    FROM fr_entries JOIN ops USING (profiling_name)
+    WHERE coalesce(is_p2p, false) = false AND collective_seq_id > 0 AND ($run IS NULL OR run_id = $run)
+    {latest}"""
+    # hashes of the sizes and dtypes, computed once: the consensus and the size rules compare them
+    hashed = "SELECT *, hash(input_sizes, output_sizes) AS sizes_hash, hash(input_dtypes) AS dtypes_hash FROM"
     if not coalesced:
-        return f"CREATE OR REPLACE TABLE collective_calls AS {entries}"
+        return f"CREATE OR REPLACE TABLE collective_calls AS WITH {ops}, entries AS ({entries}) {hashed} entries"
     return f"""
 CREATE OR REPLACE TABLE collective_calls AS
-WITH entries AS ({entries}
+WITH {ops}, entries AS ({entries}
 ), groups AS (
     SELECT DISTINCT run_id, rank, pg_name, seq FROM entries WHERE marker
 ), singles AS (
@@ -110,7 +115,7 @@ WITH entries AS ({entries}
     FROM entries e SEMI JOIN groups g USING (run_id, rank, pg_name, seq)
     GROUP BY run_id, rank, pg_name, seq
 )
-SELECT * FROM singles UNION ALL BY NAME SELECT * FROM coalesced
+{hashed} (SELECT * FROM singles UNION ALL BY NAME SELECT * FROM coalesced)
 """
 
 
@@ -159,8 +164,8 @@ COLLECTIVES_SQL = """
 CREATE OR REPLACE TABLE collectives AS
 WITH votes AS (
     SELECT run_id, pg_name, seq, op, count(*) AS n,
-           min(hash(input_sizes, output_sizes)) AS sizes_low, max(hash(input_sizes, output_sizes)) AS sizes_high,
-           min(hash(input_dtypes)) AS dtypes_low, max(hash(input_dtypes)) AS dtypes_high,
+           min(sizes_hash) AS sizes_low, max(sizes_hash) AS sizes_high,
+           min(dtypes_hash) AS dtypes_low, max(dtypes_hash) AS dtypes_high,
            sum(created_ns) AS created_sum_ns, count(created_ns) AS created_count
     FROM collective_calls GROUP BY ALL
 ), consensus AS (
@@ -348,7 +353,7 @@ def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     #    (distinct by hash, so that millions of calls are not turned into text to find a few combinations)
     sized_calls = """
         WITH group_sizes AS (SELECT pg_name, count(*) AS members FROM memberships WHERE run_id = $run GROUP BY ALL)
-        SELECT k.*, g.members, hash(k.input_sizes, k.output_sizes) AS sizes_hash
+        SELECT k.*, g.members
         FROM collective_calls k JOIN group_sizes g USING (pg_name)
         WHERE k.run_id = $run AND k.op IN ('all_gather', '_allgather_base', 'all_gather_into_tensor', 'allgather',
               'reduce_scatter', '_reduce_scatter_base', 'reduce_scatter_tensor', 'reducescatter')
