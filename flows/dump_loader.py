@@ -16,12 +16,14 @@ import hashlib
 import json
 import multiprocessing
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from rankstream.errors import BadInput
 from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
@@ -66,11 +68,21 @@ def _analysis_table(entries: list, rank: int, run_id: str) -> pa.Table:
     fields = pa.array(entries, type=_ANALYSIS_STRUCT).flatten()
     by_name = dict(zip(_ANALYSIS_STRUCT.names, fields))
     group = by_name.pop("process_group")
-    columns = {"run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array([rank] * n, pa.int32()),
-               "snapshot_ns": pa.array([0] * n, pa.int64()), **by_name,
+    columns = {**_key_columns(n, rank, run_id), **by_name,
                "pg_name": pc.list_element(group, 0) if n else pa.array([], pa.string()),
                "pg_desc": pc.if_else(pc.greater(pc.list_value_length(group), 1),
                                      pc.list_element(group, 1), None) if n else pa.array([], pa.string())}
+    return _fr_table(columns, n)
+
+
+def _key_columns(n: int, rank: int, run_id: str) -> dict[str, pa.Array]:
+    """The columns every row of one dump shares (a dump is a snapshot with no time of its own)."""
+    return {"run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array([rank] * n, pa.int32()),
+            "snapshot_ns": pa.array([0] * n, pa.int64())}
+
+
+def _fr_table(columns: dict[str, Any], n: int) -> pa.Table:
+    """``fr_entries`` rows from the columns given; the others NULL."""
     return pa.table([columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in FR_SCHEMA],
                     schema=FR_SCHEMA)
 
@@ -82,9 +94,7 @@ def _table(entries: list, rank: int, run_id: str, with_frames: bool, complete: b
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):
             pass  # not torch's exact types: the lenient conversion below decides
     n = len(entries)
-    columns: dict[str, Any] = {"run_id": pa.array([run_id] * n, pa.string()), "rank": pa.array([rank] * n, pa.int32()),
-                               "snapshot_ns": pa.array([0] * n, pa.int64()),
-                               "record_id": [e["record_id"] for e in entries]}
+    columns: dict[str, Any] = {**_key_columns(n, rank, run_id), "record_id": [e["record_id"] for e in entries]}
     groups = [e.get("process_group") or (None, None) for e in entries]
     columns["pg_name"] = [None if g[0] is None else str(g[0]) for g in groups]
     columns["pg_desc"] = [None if len(g) < 2 or g[1] is None else str(g[1]) for g in groups]
@@ -96,10 +106,7 @@ def _table(entries: list, rank: int, run_id: str, with_frames: bool, complete: b
             columns[name] = [e.get(name) or None for e in entries]  # JSON dumps write 0 for unknown
     if with_frames:
         columns["frames"] = [e.get("frames") for e in entries]
-    for field in FR_SCHEMA:
-        if field.name not in columns:
-            columns[field.name] = pa.nulls(n, field.type)
-    return pa.table(columns, schema=FR_SCHEMA)
+    return _fr_table(columns, n)
 
 
 #: The last ``pg_config`` this process read, its backend, and what it gave: ``(config, backend, key, groups)``.
@@ -176,20 +183,19 @@ def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tupl
 
     The cyclic garbage collector is paused meanwhile: a dump unpickles into tens of thousands of
     small objects that hold no cycles, and collecting as they appear costs a third of the time."""
-    import pyarrow.parquet as pq
-
     out_path, dumps, run_id, with_frames, complete = job
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        tables, read = [], []
+        tables, read, keys = [], [], set()
         for rank, path_text in dumps:
             status, value = _load_file(Path(path_text), rank, run_id, with_frames, complete)
             if status == "error":
                 return status, value
             table, key, groups = value
             tables.append(table)
-            read.append((rank, key, [] if key in (k for _, k, _ in read) else groups))  # each key's groups once
+            read.append((rank, key, [] if key in keys else groups))  # each key's groups once
+            keys.add(key)
         layout = {
             "repeated_records": any(pc.count_distinct(t["record_id"]).as_py() < t.num_rows for t in tables),
             "coalesced": any(pc.any(pc.match_substring(t["profiling_name"], "coalesced")).as_py() for t in tables),
@@ -232,10 +238,6 @@ def _load_file(path: Path, rank: int, run_id: str, with_frames: bool, complete: 
 def load_dump_directory(directory: Path, prefix: str, run_id: str, *, selected_ranks: set[int] | None = None,
                         with_frames: bool = False, complete: bool = False) -> tuple[pa.Table, list[dict], list[int]]:
     """All dumps as one ``fr_entries`` Arrow table, the process groups and the ranks read."""
-    import tempfile
-
-    import pyarrow.parquet as pq
-
     with tempfile.TemporaryDirectory(prefix="rankstream-dumps-") as scratch:
         loaded = write_dump_parquet(directory, prefix, run_id, Path(scratch), selected_ranks=selected_ranks,
                                     with_frames=with_frames, complete=complete)

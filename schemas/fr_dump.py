@@ -57,9 +57,11 @@ def _ranks(value: Any) -> list[int] | None:
     if isinstance(value, str):
         parsed = _ranks_text(value)
         return None if parsed is None else list(parsed)
-    if isinstance(value, list) and all(type(r) is int for r in value) and value:
-        return value
-    return None
+    return value if _is_rank_list(value) else None
+
+
+def _is_rank_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(r) is int for r in value)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -70,9 +72,7 @@ def _ranks_text(text: str) -> tuple[int, ...] | None:
         value = json.loads(text)
     except ValueError:
         return None
-    if isinstance(value, list) and all(type(r) is int for r in value) and value:
-        return tuple(value)
-    return None
+    return tuple(value) if _is_rank_list(value) else None
 
 
 def groups_from_pg_config(pg_config: Any, backend: str | None = None) -> list[dict[str, Any]]:
