@@ -3,12 +3,14 @@
 Accepts Kineto / torch.profiler exports (``{"traceEvents": [...], "baseTimeNanoseconds": ...,
 "distributedInfo": {...}}``), Composer's per-rank and merged traces, generic Chrome arrays and
 objects, gzip-compressed files (``.json.gz``), and arrays that were never terminated (a trace
-written by a process that died). Files are parsed as streams (ijson), never loaded whole.
+written by a process that died). Files are read as a stream of event chunks
+(``trace_reader``), never loaded whole, and published as whole batches (``trace_columns``).
 
-Each file is read twice: a first pass checks every event and collects what the second pass needs
-(the ``ProfilerStep#N`` spans that give each event its step, the base time, the rank); only if
-the first pass succeeds does the second pass publish. So a bad file is reported with its name and
-imports nothing.
+Each file is parsed once. The first pass checks every event, converts it into batches that wait
+in a temporary file (``BatchFile``), and collects what only the whole file tells: the
+``ProfilerStep#N`` spans that give each event its step, the base time, the rank. Only when every
+file has passed does the second pass give the batches their absolute times and steps and publish
+them. So a bad file is reported with its name and imports nothing.
 
 Timestamps: Chrome ``ts``/``dur`` are microseconds; Kineto's ``ts`` is relative to
 ``baseTimeNanoseconds``, Composer's is epoch time. Both become epoch nanoseconds. The rank comes
@@ -18,20 +20,24 @@ from ``--rank``, else ``distributedInfo.rank``, else the file name (``rank3``, `
 
 from __future__ import annotations
 
-import bisect
-import gzip
-import json
+import multiprocessing
+import os
 import re
+import tempfile
+import threading
 import zlib
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import ijson
+import numpy as np
 
 from rankstream.config import Config
-from rankstream.errors import BadInput
+from rankstream.errors import BadInput, RankstreamError
 from rankstream.producers.importing import (
     ImportSummary,
     check_input_file,
@@ -40,106 +46,16 @@ from rankstream.producers.importing import (
     wait_for_room,
     wait_materialized,
 )
+from rankstream.producers.batch_file import BatchFile
+from rankstream.producers.trace_columns import Steps, as_int, event_columns, finish_batch, trace_batches
+from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
 
 __all__ = ["TraceFile", "scan_trace", "import_traces"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
-_EDGE_BYTES = 1 << 18
-_PHASES = set("BEXiICMsftbnePONDRcVv()")
-
-
-class _Recorder:
-    """A binary reader that remembers the first and last bytes it passed on, and terminates
-    an array the writer never closed (adding ``{}]`` after a trailing comma, ``]`` otherwise)."""
-
-    def __init__(self, raw) -> None:
-        self._raw = raw
-        self.head = b""
-        self.tail = b""
-        self._top: bytes | None = None
-        self._closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        if size == 0:
-            return b""
-        data = self._raw.read(size)
-        if data:
-            if len(self.head) < _EDGE_BYTES:
-                self.head += data[:_EDGE_BYTES - len(self.head)]
-            self.tail = (self.tail + data)[-_EDGE_BYTES:]
-            if self._top is None and data.strip():
-                self._top = data.lstrip()[:1]
-            return data
-        if self._top == b"[" and not self._closed:
-            self._closed = True
-            ending = self.tail.rstrip()
-            if not ending.endswith(b"]"):
-                return b"{}]" if ending.endswith(b",") else b"]"
-        return b""
-
-
-def _open(path: Path):
-    try:
-        if path.suffix == ".gz":
-            return gzip.open(path, "rb")
-        return open(path, "rb")
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot open: {exc.strerror}") from None
-
-
-def _events(path: Path, recorder: _Recorder) -> Iterator[dict]:
-    first = recorder.read(1)
-    while first and first.isspace():
-        first = recorder.read(1)
-    prefix = {b"{": "traceEvents.item", b"[": "item"}.get(first)
-    if prefix is None:
-        raise BadInput(f"{path}: not a Chrome trace (expected a JSON object or array)")
-    stream = _Prepend(first, recorder)
-    yield from ijson.items(stream, prefix, use_float=True)
-
-
-class _Prepend:
-    def __init__(self, first: bytes, raw) -> None:
-        self._first, self._raw = first, raw
-
-    def read(self, size: int = -1) -> bytes:
-        if size == 0:  # ijson probes read(0) to tell bytes from text
-            return b""
-        if self._first:
-            first, self._first = self._first, b""
-            return first + self._raw.read(max(size - 1, 0) if size > 0 else -1)
-        return self._raw.read(size)
-
-
-def _metadata(path: Path, head: bytes, tail: bytes) -> tuple[int, dict | None]:
-    """``baseTimeNanoseconds`` and ``distributedInfo`` from the top level (Kineto writes them
-    first; other writers may put them last), without loading the file."""
-    base, info = 0, None
-    decoder = json.JSONDecoder()
-    for edge in (head, tail):
-        text = edge.decode("utf-8", "replace")
-        match = re.search(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text)
-        if match and not base:
-            base = int(match.group(1))
-        match = re.search(r'"distributedInfo"\s*:\s*', text)
-        if match and info is None:
-            try:
-                info, _ = decoder.raw_decode(text, match.end())
-            except ValueError:
-                info = None
-    return base, info if isinstance(info, dict) else None
-
-
-def _int(value: Any) -> int:
-    """pid/tid: integers as they are; names (Kineto's "Spans", "Traces") as a stable number."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return (1 << 40) + zlib.crc32(str(value).encode())
+_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
+_NUMBERS = frozenset({int, float})
 
 
 @dataclass
@@ -152,7 +68,7 @@ class TraceFile:
     rank: int | None = None
     world_size: int | None = None
     ranks_from_pid: bool = False
-    steps: dict[int, tuple[list[int], list[int], list[int]]] = field(default_factory=dict)
+    steps: dict[int, Steps] = field(default_factory=dict)
     #: Integer pids seen: the ranks of a merged trace.
     pids: set[int] = field(default_factory=set)
     session_id: str = ""
@@ -175,34 +91,70 @@ def _check_event(path: Path, index: int, event: Any) -> bool:
     return True
 
 
-def scan_trace(path: Path, rank: int | None = None) -> TraceFile:
-    """First pass: check every event, find the rank, the base time and the step spans."""
+def _checked(path: Path, first_index: int, chunk: list) -> list[dict]:
+    """The chunk's events to import ({} padding left out); raises on the first bad one. Whole
+    columns are checked at once, and only a chunk that fails is checked event by event, which
+    finds the event to name."""
+    try:
+        if all(type(e) is dict for e in chunk):
+            events = [e for e in chunk if e]
+            times = [e.get("ts", 0) for e in events]
+            durations = [e.get("dur", 0) for e in events]
+            time_types = set(map(type, times))
+            if ({e.get("ph") for e in events} <= _PHASES and time_types <= _NUMBERS
+                    and not (float in time_types and any(t != t for t in times))  # NaN
+                    and set(map(type, durations)) <= _NUMBERS and min(durations, default=0) >= 0):
+                return events
+    except TypeError:  # an unhashable phase
+        pass
+    return [e for i, e in enumerate(chunk) if _check_event(path, first_index + i, e)]
+
+
+def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
+    """(pid, start ns, end ns, step) of the ``ProfilerStep#N`` spans among ``events``."""
+    spans = []
+    for event in events:
+        name = event.get("name")
+        if type(name) is str and name.startswith("ProfilerStep#") and event["ph"] == "X" \
+                and (match := _STEP.match(name)):
+            start = int(event["ts"] * 1000)
+            spans.append((event.get("pid"), start, start + int(event.get("dur", 0) * 1000), int(match.group(1))))
+    return spans
+
+
+def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = None,
+               batch_events: int = 1000) -> TraceFile:
+    """First pass: check every event, find the rank, the base time and the step spans, and (with
+    ``batches``) convert the events into batches of ``batch_events``."""
     check_input_file(path)
     info = TraceFile(path=path)
     spans: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     pids: set = set()
-    digest = zlib.crc32(b"")
-    with _open(path) as raw:
-        recorder = _Recorder(raw)
+    with open_trace(path) as raw:
+        recorder = Recorder(raw)
         try:
-            for index, event in enumerate(_events(path, recorder)):
-                if not _check_event(path, index, event):
-                    continue
-                info.events += 1
-                pids.add(event.get("pid"))
-                name = event.get("name")
-                if isinstance(name, str) and event["ph"] == "X" and (match := _STEP.match(name)):
-                    start = int(event["ts"] * 1000)
-                    spans[_int(event.get("pid"))].append((start, start + int(event.get("dur", 0) * 1000),
-                                                          int(match.group(1))))
+            index = 0
+            for chunk in event_chunks(path, recorder):
+                events = _checked(path, index, chunk)
+                index += len(chunk)
+                info.events += len(events)
+                try:
+                    pids.update(e.get("pid") for e in events)
+                except TypeError:
+                    raise BadInput(f"{path}: an event's 'pid' is neither a number nor a name") from None
+                for pid, start, end, step in _step_spans(events):
+                    spans[as_int(pid)].append((start, end, step))
+                if batches is not None:
+                    for batch in trace_batches(event_columns(events), batch_events):
+                        batches.append(batch)
         except (ijson.JSONError, ValueError, OSError, EOFError, zlib.error) as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]
             raise BadInput(f"{path}: not readable as a Chrome trace: {type(exc).__name__}: {reason}"[:400]) from None
-        digest = zlib.crc32(recorder.head + recorder.tail, digest)
+        digest = zlib.crc32(recorder.head + recorder.tail, zlib.crc32(b""))
     if info.events == 0:
         raise BadInput(f"{path}: contains no trace events")
     info.pids = {p for p in pids if isinstance(p, int) and not isinstance(p, bool)}
-    info.base_ns, distributed = _metadata(path, recorder.head, recorder.tail)
+    info.base_ns, distributed = read_metadata(recorder.head, recorder.tail)
     info.rank = rank
     if info.rank is None and distributed and isinstance(distributed.get("rank"), int):
         info.rank = distributed["rank"]
@@ -221,58 +173,73 @@ def scan_trace(path: Path, rank: int | None = None) -> TraceFile:
     return info
 
 
-def _step_of(steps, ts_ns: int) -> int | None:
-    if not steps:
-        return None
-    starts, ends, numbers = steps
-    i = bisect.bisect_right(starts, ts_ns) - 1
-    return numbers[i] if i >= 0 and ts_ns < ends[i] else None
-
-
-def _emit_events(info: TraceFile, producers: dict) -> dict[int, int]:
-    """Second pass: publish the file's events; a merged trace goes to the producer of each pid."""
+def _emit_events(info: TraceFile, batches: BatchFile, producers: dict) -> dict[int, int]:
+    """Second pass: publish the file's batches with absolute times and steps; a merged trace's
+    events go to the producer of their pid."""
     counts = dict.fromkeys(producers, 0)
-    single = None if info.ranks_from_pid else producers[info.rank]
-    all_steps = list(info.steps.values())
-    with _open(info.path) as raw:
-        for event in _events(info.path, _Recorder(raw)):
-            if not event:
-                continue
-            pid = _int(event.get("pid", 0))
-            producer = single or producers.get(pid)
-            if producer is None:
-                continue
-            relative_ns = int(event.get("ts", 0) * 1000)
-            steps = info.steps.get(pid) or (all_steps[0] if len(all_steps) == 1 else None)
-            args = event.get("args")
-            correlation = None
-            if isinstance(args, dict):
-                correlation = args.get("correlation", args.get("External id"))
-                correlation = correlation if isinstance(correlation, int) else None
-            flow = event.get("id") if event["ph"] in "stf" else None
-            producer.emit(str(event.get("name", "")), str(event.get("cat", "")), event["ph"],
-                          info.base_ns + relative_ns, int(event.get("dur", 0) * 1000), pid,
-                          _int(event.get("tid", 0)), _step_of(steps, relative_ns),
-                          _int(flow) if flow is not None else None, correlation,
-                          json.dumps(args, separators=(",", ":")) if args else None)
-            counts[producer.rank] += 1
-            if counts[producer.rank] % 5000 == 0:
-                wait_for_room(producer)
+    for batch in batches:
+        batch = finish_batch(batch, info.base_ns, info.steps)
+        if info.ranks_from_pid:
+            pids, _ = batch.int_column("pid")
+            parts = {int(pid): batch.select(np.flatnonzero(pids == pid)) for pid in np.unique(pids)}
+        else:
+            parts = {info.rank: batch}
+        for rank, part in parts.items():
+            if rank in producers:
+                producers[rank].emit_batch(part)
+                counts[rank] += part.count
+                wait_for_room(producers[rank])
     return counts
+
+
+#: Below this much input, reading the files one after another beats starting reader processes.
+PARALLEL_READ_BYTES = 16 << 20
+
+
+def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path) -> TraceFile:
+    """A reader process's work: the first pass of one file, its batches into ``batch_path``."""
+    with BatchFile(batch_path) as batches:
+        return scan_trace(path, rank, batches, batch_events)
+
+
+def _scan_all(paths: list[Path], rank: int | None, batch_events: int, directory: Path) -> list[TraceFile]:
+    """The first pass of every file, one process per core when there is enough to read; the
+    batches of ``paths[i]`` end up in ``directory / f"{i}"``. The first bad file (in the order
+    given) raises its error."""
+    batch_paths = [directory / str(i) for i in range(len(paths))]
+    ranks, sizes = [rank] * len(paths), [batch_events] * len(paths)
+    workers = min(len(paths), os.cpu_count() or 1)
+    total = sum(path.stat().st_size for path in paths)
+    # Forked readers start at once and need no importable main module (spawned ones re-run the
+    # caller's script). A fork copies no thread, so a lock that another thread held would stay
+    # held in the child: with other threads running, the files are read here, one by one.
+    if workers < 2 or total < PARALLEL_READ_BYTES or threading.active_count() > 1:
+        return list(map(_scan_into, paths, ranks, sizes, batch_paths))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        try:
+            return list(pool.map(_scan_into, paths, ranks, sizes, batch_paths))
+        except BrokenProcessPool:
+            raise RankstreamError("a trace reader process died (out of memory?); "
+                                  "import the files one at a time") from None
 
 
 def import_traces(config: Config, paths: list[Path], *, run_id: str | None = None, rank: int | None = None,
                   wait: bool = True) -> ImportSummary:
     if rank is not None and len(paths) > 1:
         raise BadInput("--rank applies to one file; name the rank in each file name instead")
-    scanned = [scan_trace(path, rank) for path in paths]
-    ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
-    world_size = max([len(paths)] + [r + 1 for r in ranks] + [s.world_size or 0 for s in scanned])
-    summary = ImportSummary(run_id=run_id or f"trace-{scanned[0].path.name.split('.')[0]}")
-    for info in scanned:
-        targets = sorted(info.pids) if info.ranks_from_pid else [info.rank]
-        publish_ranks(config, summary.run_id, targets, world_size, info.session_id,
-                      lambda producers, info=info: _emit_events(info, producers), summary)
+    for path in paths:
+        check_input_file(path)
+    with tempfile.TemporaryDirectory(prefix="rankstream-import-") as directory:
+        scanned = _scan_all(paths, rank, config.producer.batch_events, Path(directory))
+        ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
+        world_size = max([len(paths)] + [r + 1 for r in ranks] + [s.world_size or 0 for s in scanned])
+        summary = ImportSummary(run_id=run_id or f"trace-{scanned[0].path.name.split('.')[0]}")
+        for index, info in enumerate(scanned):
+            targets = sorted(info.pids) if info.ranks_from_pid else [info.rank]
+            with BatchFile(Path(directory) / str(index)) as batches:
+                publish_ranks(config, summary.run_id, targets, world_size, info.session_id,
+                              lambda producers, info=info, batches=batches: _emit_events(info, batches, producers),
+                              summary)
     if wait:
         wait_materialized(config, summary)
     return summary

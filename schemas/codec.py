@@ -18,7 +18,7 @@ from rankstream.schemas.envelope import ENVELOPE_VERSION, Envelope, PayloadKind,
 from rankstream.schemas.fields import PayloadError
 from rankstream.schemas.registry import CURRENT_VERSIONS, read_payload
 
-__all__ = ["encode", "encode_wire", "decode", "DecodeFailure", "MAX_MESSAGE_BYTES"]
+__all__ = ["encode", "encode_wire", "decode", "DecodeFailure", "MAX_MESSAGE_BYTES", "pack_local", "unpack_local"]
 
 #: Largest message the producer sends and the consumer accepts.
 MAX_MESSAGE_BYTES = 16 << 20
@@ -73,6 +73,17 @@ def encode(envelope: Envelope) -> bytes:
         sent_at_ns=envelope.sent_at_ns,
         payload_version=envelope.payload_version,
     )
+
+
+def pack_local(wire_payload: Any) -> bytes:
+    """A payload in wire layout as bytes for a file this process writes and reads back itself
+    (the trace importer parks batches between its passes); not a bus message."""
+    return msgpack.packb(wire_payload, use_bin_type=True)
+
+
+def unpack_local(raw: bytes) -> Any:
+    """What :func:`pack_local` wrote; bounded like every other unpacking."""
+    return msgpack.unpackb(raw, raw=False, strict_map_key=True, **_LIMITS)
 
 
 def _field(message: dict, name: str, kind: type) -> Any:

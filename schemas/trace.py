@@ -132,16 +132,29 @@ class TraceBatch:
     @classmethod
     def from_rows(cls, rows: Sequence[tuple]) -> "TraceBatch":
         """Build a batch from producer row tuples ordered as ``TRACE_ROW_FIELDS``."""
-        if not rows:
-            columns: list[Sequence[Any]] = [() for _ in TRACE_ROW_FIELDS]
-        else:
-            columns = list(zip(*rows))
-        by_name = dict(zip(TRACE_ROW_FIELDS, columns))
-        args_at, args = _sparse_args(by_name["args"])
+        columns: list[Sequence[Any]] = list(zip(*rows)) if rows else [() for _ in TRACE_ROW_FIELDS]
+        return cls.from_columns(dict(zip(TRACE_ROW_FIELDS, columns)))
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Sequence[Any] | bytes]) -> "TraceBatch":
+        """Build a batch from whole columns named as ``TRACE_ROW_FIELDS``. An integer column may
+        also be little-endian int64 bytes already (an importer that computed it with numpy);
+        ``args`` holds JSON texts, mappings or None."""
+        count = len(columns["ph"])
+        ints = {}
+        for name in TRACE_INT_COLUMNS:
+            column = columns[name]
+            if type(column) is bytes:
+                if len(column) != 8 * count:
+                    raise ValueError(f"column {name!r}: {len(column)} bytes for {count} events")
+                ints[name] = column
+            else:
+                ints[name] = _int_column(column)
+        args_at, args = _sparse_args(columns["args"])
         return cls(
-            count=len(rows),
-            strings={name: _dictionary_encode(by_name[name]) for name in TRACE_STRING_COLUMNS},
-            ints={name: _int_column(by_name[name]) for name in TRACE_INT_COLUMNS},
+            count=count,
+            strings={name: _dictionary_encode(columns[name]) for name in TRACE_STRING_COLUMNS},
+            ints=ints,
             args_at=args_at,
             args=args,
         )
@@ -222,6 +235,23 @@ class TraceBatch:
         import numpy as np
 
         return np.frombuffer(self.args_at, "<u4")
+
+    def select(self, rows) -> "TraceBatch":
+        """The events at ``rows`` (a sorted numpy array of indexes) as a batch of their own;
+        string dictionaries are kept whole."""
+        import numpy as np
+
+        positions = self.args_positions()
+        kept = np.flatnonzero(np.isin(positions, rows))
+        args_at = np.searchsorted(rows, positions[kept]).astype("<u4")
+        return TraceBatch(
+            count=len(rows),
+            strings={name: (values, np.frombuffer(codes, "<u4")[rows].tobytes())
+                     for name, (values, codes) in self.strings.items()},
+            ints={name: np.frombuffer(column, "<i8")[rows].tobytes() for name, column in self.ints.items()},
+            args_at=args_at.tobytes(),
+            args=[self.args[i] for i in kept],
+        )
 
     def int_column(self, name: str):
         """``(int64 numpy array, null mask or None)`` of an integer column."""

@@ -90,3 +90,56 @@ def test_fr_directory_reads_pickle_and_json_and_names_bad_files(tmp_path):
     (tmp_path / "rank_2").write_text(json.dumps({"entries": [{"record_id": "x"}]}))
     with pytest.raises(BadInput, match="rank_2: entry 0: an FR entry needs"):
         read_fr_directory(tmp_path, "rank_")
+
+
+PARALLEL_SCAN = """
+import os, sys
+from pathlib import Path
+from rankstream.errors import BadInput
+from rankstream.producers import import_trace
+from rankstream.producers.batch_file import BatchFile
+
+root = Path(sys.argv[1])
+paths = sorted(root.glob("*.json"))
+reader_pids = root / "reader_pids"
+real_scan = import_trace.scan_trace
+
+def recording_scan(*args):
+    with open(reader_pids, "a") as out:
+        out.write(f"{os.getpid()}\\n")
+    return real_scan(*args)
+
+import_trace.scan_trace = recording_scan
+import_trace.PARALLEL_READ_BYTES = 0
+(root / "par").mkdir()
+parallel = import_trace._scan_all(paths, None, 7, root / "par")
+readers = set(reader_pids.read_text().split())
+assert len(readers) == 2 and str(os.getpid()) not in readers, readers
+(root / "seq").mkdir()
+sequential = [import_trace._scan_into(p, None, 7, root / "seq" / str(i)) for i, p in enumerate(paths)]
+assert parallel == sequential
+for i in range(len(paths)):
+    with BatchFile(root / "par" / str(i)) as a, BatchFile(root / "seq" / str(i)) as b:
+        assert [x.to_wire() for x in a] == [y.to_wire() for y in b]
+(root / "rank1.json").write_text('[{"ph": "X", "ts": 1}, {"ph": "Q"}]')
+(root / "bad").mkdir()
+try:
+    import_trace._scan_all(paths, None, 7, root / "bad")
+except BadInput as error:
+    print("ERROR", error)
+"""
+
+
+def test_files_read_by_parallel_readers_match_reading_them_here(tmp_path):
+    """Two files, two forked reader processes: the same first-pass results and batches as one
+    by one, and a bad file's one-line error comes back through the pool."""
+    import subprocess
+    import sys
+
+    for rank in (0, 1):
+        events = [dict(e, pid=rank) for e in EVENTS[:2]] * 30
+        write(tmp_path / f"rank{rank}.json", {"traceEvents": events, "baseTimeNanoseconds": 5})
+    done = subprocess.run([sys.executable, "-c", PARALLEL_SCAN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ERROR {tmp_path / 'rank1.json'}: event 1 has no valid 'ph' phase ('Q')"
