@@ -487,10 +487,10 @@ def _straggler_findings(con, run_id: str, descs, derailed) -> list[Finding]:
     return findings
 
 
-P2P_SQL = """
+P2P_SQL = f"""
 WITH ops AS (   -- 'nccl:send 0->1' / 'nccl:recv 1<-0', group-local ranks, mapped to global ones
     SELECT e.rank, e.pg_name, e.pg_desc, e.record_id, e.input_sizes, e.output_sizes,
-           split_part(split_part(e.profiling_name, ':', 2), ' ', 1) AS op,
+           {_OP} AS op,
            regexp_extract(e.profiling_name, '(\\d+)\\s*(->|<-)\\s*(\\d+)', ['a', 'arrow', 'b']) AS m
     FROM fr_entries e
     WHERE e.run_id = $run AND (e.profiling_name LIKE '%:send %' OR e.profiling_name LIKE '%:recv %')
