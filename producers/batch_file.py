@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from rankstream.errors import RankstreamError
 from rankstream.schemas.codec import pack_local, unpack_local
 from rankstream.schemas.trace import TraceBatch
 
@@ -28,14 +29,21 @@ class BatchFile:
         """An anonymous temporary file, or ``path`` (created, or read back if it exists)."""
         if path is None:
             self._file = tempfile.TemporaryFile(prefix="rankstream-import-")
+            self._where = tempfile.gettempdir()
         else:
             self._file = open(path, "r+b" if path.exists() else "w+b")
+            self._where = str(path.parent)
 
     def append(self, batch: TraceBatch) -> None:
+        """Park one batch. A full or failing disk is the temporary directory's problem, not the
+        input file's, and says so (the importer reports OSErrors while reading as a bad file)."""
         raw = pack_local(batch.to_wire())
-        self._file.seek(0, 2)
-        self._file.write(len(raw).to_bytes(_LENGTH_BYTES, "little"))
-        self._file.write(raw)
+        try:
+            self._file.seek(0, 2)
+            self._file.write(len(raw).to_bytes(_LENGTH_BYTES, "little") + raw)
+        except OSError as exc:
+            raise RankstreamError(f"cannot park import batches in {self._where} "
+                                  f"({exc.strerror or exc}); set TMPDIR to a directory with room") from None
 
     def __iter__(self) -> Iterator[TraceBatch]:
         self._file.flush()

@@ -1,13 +1,17 @@
 """Whole-column conversion of trace events gives, value for value, what converting each event on
 its own gives; batches survive the importer's temporary file and split by pid."""
 
+import errno
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rankstream.errors import BadInput, RankstreamError
 from rankstream.producers.batch_file import BatchFile
+from rankstream.producers.import_trace import scan_trace
 from rankstream.producers.trace_columns import as_int, event_columns, finish_batch, trace_batches
 from rankstream.schemas.trace import NULL_INT, TRACE_INT_COLUMNS, TraceBatch
 
@@ -104,3 +108,27 @@ def test_batches_round_trip_through_the_temporary_file_and_split_by_pid(tmp_path
         for pid in (0, 1):
             part = batch.select(np.flatnonzero(pids == pid))
             assert decoded(part) == [e for e in decoded(batch) if e["pid"] == pid]
+
+
+class FullDisk:
+    """A file whose every write fails as on a full disk."""
+
+    def seek(self, *args):
+        return 0
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self):
+        pass
+
+
+def test_a_full_temporary_disk_is_named_as_such_not_as_a_bad_trace(tmp_path, monkeypatch):
+    """An OSError while reading a trace means a bad file; one while parking batches must not."""
+    trace = tmp_path / "rank0.json"
+    trace.write_text(json.dumps([{"ph": "X", "name": "a", "ts": i} for i in range(10)]))
+    with BatchFile(tmp_path / "parked") as parked:
+        monkeypatch.setattr(parked, "_file", FullDisk())
+        with pytest.raises(RankstreamError, match=f"cannot park import batches in {tmp_path}.*No space left") as error:
+            scan_trace(trace, batches=parked)
+        assert not isinstance(error.value, BadInput)
