@@ -113,7 +113,7 @@ def _checked(path: Path, first_index: int, chunk: list) -> list[dict]:
 def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
     """(pid, start ns, end ns, step) of the ``ProfilerStep#N`` spans among ``events``."""
     spans = []
-    for event in events:
+    for event in (e for e in events if "ProfilerStep#" in str(e.get("name"))):
         name = event.get("name")
         if type(name) is str and name.startswith("ProfilerStep#") and event["ph"] == "X" \
                 and (match := _STEP.match(name)):

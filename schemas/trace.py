@@ -65,11 +65,12 @@ def _dictionary_encode(values: Sequence[Any]) -> tuple[list[str], bytes]:
 
 
 def _int_column(values: Sequence[Any]) -> bytes:
-    if values.count(None) == len(values):  # a column nobody filled: common for flow ids
+    nulls = values.count(None)
+    if nulls == len(values):  # a column nobody filled: common for flow ids
         column = array("q", [NULL_INT]) * len(values)
     else:
-        try:
-            column = array("q", values)
+        try:  # a column with some NULLs (correlation ids of ops, none on spans) stays in C too
+            column = array("q", [NULL_INT if v is None else v for v in values] if nulls else values)
         except (TypeError, OverflowError):
             column = array("q", [_to_int(v) for v in values])
     if _BIG_ENDIAN:
