@@ -130,12 +130,10 @@ class Materializer:
             except _BrokerReset:
                 self._close()  # reopened at once: _open starts the new incarnation's logs from 0
             except RankstreamError as exc:
-                self._complain(str(exc))
-                self._close()
+                self._failed(str(exc))
                 stop.wait(_RETRY_S)
             except Exception as exc:  # DuckDB I/O (disk full...): one line, then retry
-                self._complain(f"write failed, will retry: {type(exc).__name__}: {exc}")
-                self._close()
+                self._failed(f"write failed, will retry: {type(exc).__name__}: {exc}")
                 stop.wait(_RETRY_S)
         self._publish_status()
         self._close()
@@ -215,11 +213,16 @@ class Materializer:
         committed = dict(self._committed)
         return all(committed.get(position, 0) >= end for position, end in targets.items())
 
-    def _complain(self, message: str) -> None:
+    def _failed(self, message: str) -> None:
+        """A failed attempt: log it (once per distinct message), close the source so the next
+        attempt opens afresh, and publish the status at once: a materializer that cannot even open
+        (broker down, topics missing) must still show in ``rankstream status`` why."""
         self.status.last_error = message
         if message != self._last_complaint:
             self.log(f"rankstream materializer: {message} (retrying every {_RETRY_S:.0f} s)")
             self._last_complaint = message
+        self._close()
+        self._publish_status()
 
     def _publish_status(self) -> None:
         status = self.status

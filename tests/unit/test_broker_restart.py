@@ -129,3 +129,38 @@ def test_loss_beyond_the_window_is_counted_in_heartbeats_and_status(make_config,
     run = run_status(store)
     assert run["not_resent"] == stats.events_not_resent > 0
     assert run["missing_messages"] > 0  # the lost batches are sequence gaps
+
+
+class UnreachableSource(MemorySource):
+    """A source whose broker never answers."""
+
+    def open(self, offsets):
+        from rankstream.errors import BrokerUnavailable
+
+        raise BrokerUnavailable("broker at 127.0.0.1:1 did not answer")
+
+
+def test_a_materializer_that_cannot_open_says_why_in_its_status_file(tmp_path, store):
+    """``rankstream status`` reads the status file; before this, a materializer that never managed
+    to open wrote none (it only wrote while consuming), so its status was just missing."""
+    import json
+
+    from rankstream.config import load_config
+    from rankstream.consumers.materializer import status_path
+    from rankstream.deploy.memory_bus import MemoryBus
+
+    config = load_config({"state_dir": tmp_path / "state", "topic_prefix": "down"}, env={})
+    source = UnreachableSource(MemoryBus(partitions=1), all_topics("down"))
+    stop = threading.Event()
+    thread = threading.Thread(target=Materializer(config, store, source, log=lambda line: None).run,
+                              args=(stop,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not status_path(config).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    written_while_retrying = status_path(config).exists()  # it also writes one when it stops
+    stop.set()
+    thread.join(10)
+    assert written_while_retrying
+    status = json.loads(status_path(config).read_text())
+    assert "did not answer" in status["last_error"] and status["events"] == 0
