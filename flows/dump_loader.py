@@ -11,7 +11,6 @@ Parquet file, which DuckDB reads in place: the rows never pass through the calle
 from __future__ import annotations
 
 import copy
-import gc
 import hashlib
 import json
 import multiprocessing
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 
 from rankstream.errors import BadInput
 from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
-from rankstream.producers.importing import check_input_file
+from rankstream.producers.importing import check_input_file, paused_gc
 from rankstream.consumers.projector import FR_FRAMES_TYPE, FR_SIZES_TYPE
 from rankstream.schemas.fr_dump import DUMP_FIELDS, groups_from_pg_config
 from rankstream.schemas.safe_pickle import UnsafePickle
@@ -181,12 +180,9 @@ def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tupl
     """Runs in a worker: some dumps to one Parquet file, giving ``("ok", (file or None, [(rank,
     groups key, groups)], layout flags))``, or ``("error", one-line message)`` at the first bad dump.
 
-    The cyclic garbage collector is paused meanwhile: a dump unpickles into tens of thousands of
-    small objects that hold no cycles, and collecting as they appear costs a third of the time."""
+    The cyclic garbage collector is paused meanwhile (``paused_gc``)."""
     out_path, dumps, run_id, with_frames, complete = job
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         tables, read, keys = [], [], set()
         for rank, path_text in dumps:
             status, value = _load_file(Path(path_text), rank, run_id, with_frames, complete)
@@ -205,9 +201,6 @@ def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tupl
             return "ok", (None, read, layout)
         pq.write_table(rows, out_path, compression="none")
         return "ok", (out_path, read, layout)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _load_file(path: Path, rank: int, run_id: str, with_frames: bool, complete: bool) -> tuple[str, Any]:

@@ -115,8 +115,7 @@ def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
     spans = []
     for event in (e for e in events if "ProfilerStep#" in str(e.get("name"))):
         name = event.get("name")
-        if type(name) is str and name.startswith("ProfilerStep#") and event["ph"] == "X" \
-                and (match := _STEP.match(name)):
+        if type(name) is str and event["ph"] == "X" and (match := _STEP.match(name)):
             start = int(event["ts"] * 1000)
             spans.append((event.get("pid"), start, start + int(event.get("dur", 0) * 1000), int(match.group(1))))
     return spans
@@ -150,7 +149,7 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
         except (ijson.JSONError, ValueError, OSError, EOFError, zlib.error) as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]
             raise BadInput(f"{path}: not readable as a Chrome trace: {type(exc).__name__}: {reason}"[:400]) from None
-        digest = zlib.crc32(recorder.head + recorder.tail, zlib.crc32(b""))
+        digest = zlib.crc32(recorder.head + recorder.tail)
     if info.events == 0:
         raise BadInput(f"{path}: contains no trace events")
     info.pids = {p for p in pids if isinstance(p, int) and not isinstance(p, bool)}

@@ -68,7 +68,7 @@ class ProducerStats:
     events_not_resent: int = 0
 
 
-_EMIT_CALLS = ("emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata", "set_collectives")
+_EMIT_CALLS = ("emit", "emit_batch", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata", "set_collectives")
 
 
 def _noop(*_args: Any, **_kwargs: Any) -> None:
@@ -198,11 +198,6 @@ class Producer:
             events_resent=counters.events_resent,
             events_not_resent=counters.events_not_resent,
         )
-
-    @property
-    def batch_events(self) -> int:
-        """Events per trace batch message (``producer.batch_events``); importers cut to it too."""
-        return self._config.producer.batch_events
 
     def _batches_waiting(self) -> int:
         return self._batch_events_queued - self._batch_events_taken

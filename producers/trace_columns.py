@@ -132,12 +132,10 @@ def finish_batch(batch: TraceBatch, base_ns: int, steps: dict[int, Steps]) -> Tr
     file is known. A time that does not fit stays NULL, as the batch encoder makes it."""
     relative, _ = batch.int_column("ts_ns")
     pids, _ = batch.int_column("pid")
-    absolute = relative.astype(np.int64)
+    ints = {**batch.ints, "step": _steps_column(relative, pids, steps).astype("<i8").tobytes()}
     if base_ns:
         fits = (relative != NULL_INT) & (relative <= _INT64_MAX - base_ns)
-        absolute = np.where(fits, relative + np.where(fits, base_ns, 0), NULL_INT)
-    ints = {**batch.ints, "ts_ns": absolute.astype("<i8").tobytes(),
-            "step": _steps_column(relative, pids, steps).astype("<i8").tobytes()}
+        ints["ts_ns"] = np.where(fits, relative + np.where(fits, base_ns, 0), NULL_INT).astype("<i8").tobytes()
     return dataclasses.replace(batch, ints=ints)
 
 

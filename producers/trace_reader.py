@@ -16,11 +16,9 @@ collections that cost as much as the parse, and parsed JSON holds no reference c
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import re
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -28,8 +26,9 @@ import ijson
 import orjson
 
 from rankstream.errors import BadInput
+from rankstream.producers.importing import paused_gc
 
-__all__ = ["CHUNK_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata", "paused_gc"]
+__all__ = ["CHUNK_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]
 
 #: Text parsed at once by the fast reader: large enough to amortise the cut search, small enough
 #: that a slice's parsed events (about 30x the text as Python objects) stay a few tens of MB.
@@ -83,18 +82,6 @@ def open_trace(path: Path):
         return open(path, "rb")
     except OSError as exc:
         raise BadInput(f"{path}: cannot open: {exc.strerror}") from None
-
-
-@contextmanager
-def paused_gc():
-    """Pause the cyclic garbage collector (reference counting still frees everything)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def event_chunks(path: Path, source: Recorder, chunk_bytes: int = CHUNK_BYTES) -> Iterator[list]:

@@ -9,6 +9,7 @@ import pytest
 
 from rankstream.consumers.source import MemorySource
 from rankstream.producers import Producer
+from rankstream.schemas.trace import TraceBatch
 from rankstream.producers.transport import MemoryTransport
 from rankstream.schemas import Envelope, PayloadKind, all_topics, decode
 
@@ -115,6 +116,7 @@ def test_buffer_is_bounded_and_overflow_is_counted(make_config, bus):
 def test_disabled_producer_does_nothing(make_config, bus):
     producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus, enabled=False)
     producer.emit("op")
+    producer.emit_batch(TraceBatch.from_rows([("op", "", "X", 1, 0, 0, 0, None, None, None, None)]))
     producer.emit_fr_entries([])
     producer.close()
     assert bus.topics() == []
