@@ -26,7 +26,6 @@ import re
 import tempfile
 import threading
 import zlib
-from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from rankstream.producers.importing import (
     wait_materialized,
 )
 from rankstream.producers.batch_file import BatchFile
-from rankstream.producers.trace_columns import Steps, as_int, event_columns, finish_batch, trace_batches
+from rankstream.producers.trace_columns import Steps, as_int, event_columns, finish_batch, steps_by_pid, trace_batches
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
 
 __all__ = ["TraceFile", "scan_trace", "import_traces"]
@@ -127,7 +126,7 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
     ``batches``) convert the events into batches of ``batch_events``."""
     check_input_file(path)
     info = TraceFile(path=path)
-    spans: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    spans: list[tuple[int, int, int, int]] = []
     pids: set = set()
     with open_trace(path) as raw:
         recorder = Recorder(raw)
@@ -141,8 +140,7 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
                     pids.update(e.get("pid") for e in events)
                 except TypeError:
                     raise BadInput(f"{path}: an event's 'pid' is neither a number nor a name") from None
-                for pid, start, end, step in _step_spans(events):
-                    spans[as_int(pid)].append((start, end, step))
+                spans += ((as_int(pid), start, end, step) for pid, start, end, step in _step_spans(events))
                 if batches is not None:
                     for batch in trace_batches(event_columns(events), batch_events):
                         batches.append(batch)
@@ -165,9 +163,7 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
             raise BadInput(f"{path}: cannot tell the rank (no distributedInfo, no rank in the file name, "
                            "pids are not ranks); pass --rank")
         info.ranks_from_pid = True
-    for pid, found in spans.items():
-        found.sort()
-        info.steps[pid] = ([s[0] for s in found], [s[1] for s in found], [s[2] for s in found])
+    info.steps = steps_by_pid(spans)
     info.session_id = content_session_id(path.name, str(path.stat().st_size), str(digest))
     return info
 

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from rankstream.config import Config, load_config
+from rankstream.config import Config, ProducerSettings, load_config
 from rankstream.deploy.memory_bus import MemoryBus
 from rankstream.producers.delivery import Delivery
 from rankstream.producers.spool import Spool, SpooledMessage
@@ -68,7 +68,8 @@ class ProducerStats:
     events_not_resent: int = 0
 
 
-_EMIT_CALLS = ("emit", "emit_batch", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata", "set_collectives")
+_EMIT_CALLS = ("emit", "emit_batch", "offer_batch", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata",
+               "set_collectives")
 
 
 def _noop(*_args: Any, **_kwargs: Any) -> None:
@@ -158,10 +159,20 @@ class Producer:
 
     def emit_batch(self, batch: TraceBatch) -> None:
         """Queue a batch of trace events already in wire layout. For importers, which build
-        batches from whole columns far faster than one ``emit`` per event; not for a training
-        thread, as nothing bounds it: the caller waits while ``stats().buffered_events`` is high."""
+        batches from whole columns far faster than one ``emit`` per event. Nothing bounds it: the
+        caller waits while ``stats().buffered_events`` is high (live code uses ``offer_batch``)."""
         self._batch_events_queued += batch.count
         self._control.append((PayloadKind.TRACE_BATCH, batch))
+
+    def offer_batch(self, batch: TraceBatch) -> bool:
+        """``emit_batch`` within the buffer bound that ``emit`` keeps: a batch that does not fit
+        under ``max_buffered_events`` is dropped and counted. For live producers such as the
+        profiler stream, which must not wait."""
+        if len(self._rows) + self._batches_waiting() + batch.count > self._max_rows:
+            self._dropped_on_emit += batch.count
+            return False
+        self.emit_batch(batch)
+        return True
 
     def emit_fr_entries(self, entries: Iterable[Mapping[str, Any]], snapshot_ns: int | None = None) -> None:
         """Queue Flight Recorder entries already in rankstream's field names (see schemas.records)."""
@@ -178,6 +189,11 @@ class Producer:
     def set_collectives(self, status: Mapping[str, Any]) -> None:
         """The last enqueued/started/completed collective per group, carried by the next heartbeats."""
         self._collectives = dict(status)
+
+    @property
+    def batch_events(self) -> int:
+        """Events per trace message (``producer.batch_events``), for callers that cut batches."""
+        return self._config.producer.batch_events if self.enabled else ProducerSettings().batch_events
 
     # -- lifecycle ----------------------------------------------------------------------------
     def stats(self) -> ProducerStats:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import orjson
@@ -29,7 +29,8 @@ import orjson
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES
 from rankstream.schemas.trace import NULL_INT, TraceBatch
 
-__all__ = ["as_int", "Steps", "event_columns", "trace_batches", "finish_batch"]
+__all__ = ["as_int", "Steps", "event_columns", "trace_batches", "finish_batch", "steps_by_pid",
+           "steps_column"]
 
 #: (span starts, span ends, step numbers) of one pid, sorted by start; times in ns relative to
 #: the file's base time.
@@ -78,8 +79,20 @@ def _microseconds_to_ns(values: list) -> np.ndarray | list:
     return [int(v * 1000) for v in values]
 
 
-def _steps_column(relative_ns: np.ndarray, pids: np.ndarray, steps: dict[int, Steps]) -> np.ndarray:
-    """Each event's step number, or NULL_INT outside every span of its pid."""
+def steps_by_pid(spans: Iterable[tuple[int, int, int, int]]) -> dict[int, Steps]:
+    """``(pid, start ns, end ns, step)`` spans of ``ProfilerStep#N`` grouped per pid and sorted by
+    start, as :func:`steps_column` takes them."""
+    grouped: dict[int, list[tuple[int, int, int]]] = {}
+    for pid, start, end, step in spans:
+        grouped.setdefault(pid, []).append((start, end, step))
+    return {pid: ([s[0] for s in found], [s[1] for s in found], [s[2] for s in found])
+            for pid, found in ((pid, sorted(found)) for pid, found in grouped.items())}
+
+
+def steps_column(times_ns: np.ndarray, pids: np.ndarray, steps: dict[int, Steps]) -> np.ndarray:
+    """Each event's step number: that of the span of its own pid (or of the only stepped pid)
+    that contains its time, or NULL_INT outside every span. ``times_ns`` and the spans share
+    one clock (relative for an imported file, absolute for a live profiling window)."""
     result = np.full(len(pids), NULL_INT, dtype=np.int64)
     only = next(iter(steps.values())) if len(steps) == 1 else None
     for pid in np.unique(pids) if steps else ():
@@ -87,7 +100,7 @@ def _steps_column(relative_ns: np.ndarray, pids: np.ndarray, steps: dict[int, St
         if found is None:
             continue
         mask = pids == pid
-        times = relative_ns[mask]
+        times = times_ns[mask]
         starts, ends, numbers = (np.array(part, dtype=np.int64) for part in found)
         at = np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)
         inside = (times >= starts[at]) & (times < ends[at]) & (times != NULL_INT)
@@ -132,7 +145,7 @@ def finish_batch(batch: TraceBatch, base_ns: int, steps: dict[int, Steps]) -> Tr
     file is known. A time that does not fit stays NULL, as the batch encoder makes it."""
     relative, _ = batch.int_column("ts_ns")
     pids, _ = batch.int_column("pid")
-    ints = {**batch.ints, "step": _steps_column(relative, pids, steps).astype("<i8").tobytes()}
+    ints = {**batch.ints, "step": steps_column(relative, pids, steps).astype("<i8").tobytes()}
     if base_ns:
         fits = (relative != NULL_INT) & (relative <= _INT64_MAX - base_ns)
         ints["ts_ns"] = np.where(fits, relative + np.where(fits, base_ns, 0), NULL_INT).astype("<i8").tobytes()
