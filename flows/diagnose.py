@@ -13,6 +13,7 @@ import atexit
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,7 +142,10 @@ def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) 
             con = None
         if con is not None:
             try:
-                return analyze_run(con, run_id, mismatch_cap)
+                report = analyze_run(con, run_id, mismatch_cap)
+                con.execute("INSERT INTO analyses_done VALUES (?, 'collectives', ?, ?)",
+                            [run_id, time.time_ns(), report.verdict])
+                return report
             finally:
                 con.close()
     con = duckdb.connect()
@@ -153,7 +157,7 @@ def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) 
     report = analyze_run(con, run_id, mismatch_cap)
     # the findings go back to the live database (timeline markers, SQL); the rest stays private
     replace_run_rows(db_path, run_id, "collectives", ["findings"], [INSERT_FINDINGS_JSON_SQL],
-                     rows=json.dumps(findings_rows(run_id, report.findings)))
+                     detail=report.verdict, rows=json.dumps(findings_rows(run_id, report.findings)))
     return report
 
 

@@ -64,10 +64,18 @@ _TITLES = {
 }
 
 
+#: The analysis behind a section whose rows may rightly be none (no findings is a result, not a gap).
+_ANALYSIS_OF = {"findings": "collectives"}
+
+
 def gather_report(db_path: Path, run_id: str) -> dict[str, list[dict]]:
-    """Every section's rows, by section name."""
+    """Every section's rows, by section name, plus ``analyses``: which analyses ran for the run."""
     database = connect(db_path)
-    return {name: database.arrow(sql, [run_id]).to_pylist() for name, sql in _SECTIONS.items()}
+    report = {name: database.arrow(sql, [run_id]).to_pylist() for name, sql in _SECTIONS.items()}
+    report["analyses"] = database.arrow(
+        "SELECT analysis, max(finished_ns) AS finished_ns, arg_max(detail, finished_ns) AS detail FROM analyses_done "
+        "WHERE run_id = $1 GROUP BY analysis ORDER BY analysis", [run_id]).to_pylist()
+    return report
 
 
 def _cell(value) -> str:
@@ -89,9 +97,15 @@ def _table(title: str, rows: list[dict]) -> Table:
 
 def render_run_report(run_id: str, report: dict[str, list[dict]], console: Console) -> None:
     console.print(f"[bold]run {run_id}[/]")
+    analyzed = {row["analysis"]: row["detail"] for row in report.get("analyses", [])}
     for name, rows in report.items():
+        if name not in _TITLES:
+            continue
         if rows:
             console.print(_table(_TITLES[name], rows))
+        elif _ANALYSIS_OF.get(name) in analyzed:
+            verdict = analyzed[_ANALYSIS_OF[name]]
+            console.print(f"{_TITLES[name]}: none" + (f" (verdict: {verdict})" if verdict else ""))
         else:
             console.print(f"{_TITLES[name]}: [dim]no data[/]")
     slowest = report.get("slowest") or []

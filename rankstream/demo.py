@@ -146,7 +146,7 @@ def _analyze(config: Config, run_id: str, console: Console) -> str:
     seconds = analyze_everything(config.db_path, run_id)
     console.print(f"\nanalyses ({', '.join(f'{k} {v:.2f} s' for k, v in seconds.items())}):")
     report = gather_report(config.db_path, run_id)
-    render_run_report(run_id, {k: report[k] for k in ("slowest", "findings")}, console)
+    render_run_report(run_id, {k: report[k] for k in ("slowest", "findings", "analyses")}, console)
     path = Path(config.state_dir) / "timelines" / f"{run_id}.json.gz"
     write_timeline(config.db_path, run_id, path)
     console.print(f"timeline for chrome://tracing or ui.perfetto.dev: {path}\n"

@@ -207,3 +207,25 @@ def test_analyses_refuse_an_unknown_run(db):
     build_run(db, world_size=2, steps=1)
     with pytest.raises(BadInput, match="no data for run 'nope'"):
         analyze_everything(db, "nope")
+
+
+def test_the_report_tells_a_healthy_run_from_one_never_analyzed(db):
+    from rich.console import Console
+
+    from rankstream.flows.report import gather_report, render_run_report
+
+    build_run(db, run_id="healthy", slow_rank=None, p2p=False)
+    build_run(db, run_id="unchecked", slow_rank=None, p2p=False)
+    with duckdb.connect(str(db)) as con:  # the builder varies sizes per rank; here every rank agrees
+        con.execute("UPDATE fr_entries SET input_sizes = [[1024]], output_sizes = [[1024]]")
+    analyze_everything(db, "healthy")
+    analyze_everything(db, "unchecked", collectives=False)
+    text = {}
+    for run in ("healthy", "unchecked"):
+        console = Console(record=True, width=200)
+        report = gather_report(db, run)
+        assert report["findings"] == []
+        render_run_report(run, report, console)
+        text[run] = console.export_text()
+    assert "Collective findings: none (verdict: healthy)" in text["healthy"]
+    assert "Collective findings: no data" in text["unchecked"]
