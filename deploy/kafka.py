@@ -11,13 +11,17 @@ incarnation, whose offsets restarted at 0 and which holds none of what was ackno
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from rankstream.config import Config
 from rankstream.errors import BrokerUnavailable
 from rankstream.schemas.topics import all_topics
 
-__all__ = ["client_options", "describe", "ensure_topics", "existing_topics", "TopicIds"]
+__all__ = ["client_options", "describe", "ensure_topics", "existing_topics", "TopicIds", "unreachable"]
+
+#: Kafka's port when a bootstrap server names none.
+_DEFAULT_PORT = 9092
 
 
 def describe(exc: BaseException) -> str:
@@ -29,6 +33,26 @@ def describe(exc: BaseException) -> str:
 def client_options(config: Config) -> dict[str, Any]:
     """Connection and security keyword arguments for any kafka-python client."""
     return {"bootstrap_servers": config.bootstrap_servers.split(","), **config.kafka.client_options()}
+
+
+def unreachable(config: Config, timeout_s: float = 0.5) -> str | None:
+    """Why no bootstrap server accepts a TCP connection, or None when one does.
+
+    A refused connection is known in microseconds, while a Kafka client's bootstrap retries for
+    its whole timeout. During an outage the producer's sender tried that every second, and the
+    Python work of each attempt held the GIL long enough to stall training steps by tens of ms.
+    Reaching a port proves little (TLS or SASL may still fail): callers go on to connect for real."""
+    reason = "no bootstrap server"
+    for server in config.bootstrap_servers.split(","):
+        host, colon, port = server.strip().rpartition(":")
+        if not colon:
+            host, port = port, str(_DEFAULT_PORT)
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return None
+        except (OSError, ValueError) as exc:
+            reason = describe(exc)
+    return f"Kafka at {config.bootstrap_servers} did not answer: {reason}"
 
 
 def _admin(config: Config, timeout_s: float):

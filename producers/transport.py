@@ -58,6 +58,12 @@ class KafkaTransport:
     def connect(self) -> bool:
         if self._producer is not None:
             return True
+        from rankstream.deploy.kafka import unreachable
+
+        why = unreachable(self._config)
+        if why is not None:  # nothing listens: skip the Kafka client's whole bootstrap timeout
+            self.last_error = f"BrokerUnavailable: {why}"
+            return False
         from kafka import KafkaProducer
 
         from rankstream.deploy.kafka import client_options, ensure_topics

@@ -82,6 +82,21 @@ def test_emit_survives_any_arguments(make_config, bus):
     assert stats.events_sent + stats.events_dropped == 2
 
 
+def test_args_arrive_as_strict_json_whatever_their_values(make_config, bus):
+    config = make_config()
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    odd = object()
+    producer.emit("a", args={"nan": float("nan"), "inf": float("inf"), 3: "int key", "obj": odd})
+    producer.emit("b", args={"big": 2**70, "text": "x"})
+    producer.emit("c", args={"big": 2**70, "nan": float("nan")})
+    producer.close()
+    texts = [t for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.TRACE_BATCH for t in e.payload.args]
+    strict = [json.loads(t, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {t}")) for t in texts]
+    assert strict[0] == {"nan": None, "inf": None, "3": "int key", "obj": str(odd)}
+    assert strict[1] == {"big": 2**70, "text": "x"}  # exact, beyond 64 bits
+    assert list(strict[2]) == ["unserializable"]  # a 71-bit integer and a NaN: no exact strict JSON of both
+
+
 def test_queued_events_with_args_never_reach_the_oldest_gc_generation(make_config, bus):
     """Rows waiting for the sender must not pile up in the GC's oldest generation: there they set
     off full collections, pauses of a few hundred ms on a torch-sized heap, on the training thread."""
