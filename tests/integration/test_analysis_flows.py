@@ -64,9 +64,13 @@ def test_the_slow_rank_ranks_first_and_the_run_merges_and_draws(live, straggler_
                               [run, straggler_run.fault_rank])[0][0]
     assert steps >= straggler_run.steps * 0.7
     # one host, one clock: every rank's true offset is 0, and the barrier estimate must say so
+    sync_failures = database.fetchall(  # shown if it fails: why a rank has no barrier estimate
+        "SELECT rank, args FROM trace_events WHERE run_id = ? AND name = 'clock_sync_failed'", [run])
+    samples = database.fetchall("SELECT rank, clock_round, clock_error_ns FROM rank_metadata WHERE run_id = ? "
+                                "AND clock_sync_ns IS NOT NULL ORDER BY rank", [run])
     for rank, source, offset, error in database.fetchall(
             "SELECT rank, source, offset_ns, error_ns FROM clock_offsets WHERE run_id = ? AND chosen", [run]):
-        assert source == "barrier" and abs(offset) <= error, (rank, offset, error)
+        assert source == "barrier" and abs(offset) <= error, (rank, source, offset, error, sync_failures, samples)
     # the communication matrix adds up to the Flight Recorder entries
     matrix, entries = database.fetchall("""
         SELECT (SELECT sum(bytes) FROM comm_matrix WHERE run_id = $1 AND kind = 'collective'),

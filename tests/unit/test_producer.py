@@ -132,6 +132,7 @@ def test_disabled_producer_does_nothing(make_config, bus):
     producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus, enabled=False)
     producer.emit("op")
     producer.emit_batch(TraceBatch.from_rows([("op", "", "X", 1, 0, 0, 0, None, None, None, None)]))
+    producer.offer_batch(TraceBatch.from_rows([("op", "", "X", 1, 0, 0, 0, None, None, None, None)]))
     producer.emit_fr_entries([])
     producer.close()
     assert bus.topics() == []
