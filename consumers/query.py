@@ -138,6 +138,8 @@ class Database:
             raise
         except duckdb.Error as exc:
             raise QueryError(f"{type(exc).__name__}: {exc}") from None
+        except PermissionError as exc:  # a script naming a procedure that is not listed
+            raise QueryError(str(exc)) from None
         finally:
             connection.close()
 

@@ -9,6 +9,7 @@ run SELECT/EXPLAIN statements; write requests (flows writing result tables) may 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socketserver
@@ -29,7 +30,8 @@ from rankstream.consumers.query_protocol import (
     sidecar_path,
 )
 
-__all__ = ["QueryServer", "bindable_params", "check_read_only", "execute_script", "execute_to_arrow", "server_socket"]
+__all__ = ["QueryServer", "PROCEDURE_PREFIX", "bindable_params", "check_read_only", "execute_script", "execute_to_arrow",
+           "server_socket"]
 
 
 def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
@@ -48,12 +50,31 @@ def check_read_only(connection: duckdb.DuckDBPyConnection, sql: str) -> None:
             "statements need write access (rankstream sql --write)")
 
 
+#: Analysis steps written in Python that a script may name instead of SQL (``procedure:NAME``):
+#: they run next to the data, on the script's connection and inside its transaction, so rows never
+#: travel to the caller. Only the names listed here can be called.
+PROCEDURES = {"union_lengths": "rankstream.flows.breakdown:union_lengths"}
+PROCEDURE_PREFIX = "procedure:"
+
+
+def _procedure(sql: str):
+    target = PROCEDURES.get(sql[len(PROCEDURE_PREFIX):])
+    if target is None:
+        raise PermissionError(f"no such procedure: {sql!r} (known: {sorted(PROCEDURES)})")
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def execute_script(connection: duckdb.DuckDBPyConnection, statements) -> pa.Table:
-    """Run ``[(sql, params), ...]`` in one transaction: all of it commits, or none of it."""
+    """Run ``[(sql, params), ...]`` in one transaction: all of it commits, or none of it. A
+    statement may name a procedure (see ``PROCEDURES``) instead of SQL."""
     connection.begin()
     try:
         for sql, params in statements:
-            connection.execute(sql, params if params else None)
+            if sql.startswith(PROCEDURE_PREFIX):
+                _procedure(sql)(connection, params)
+            else:
+                connection.execute(sql, params if params else None)
     except BaseException:
         connection.rollback()
         raise

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rankstream.consumers.query import connect
+from rankstream.consumers.query_server import PROCEDURE_PREFIX
 from rankstream.errors import BadInput, QueryError
 from rankstream.schemas.tables import SCHEMA_VERSION, ddl
 
@@ -56,13 +57,14 @@ def ensure_schema(db_path: Path) -> None:
 def replace_run_rows(db_path: Path, run_id: str, analysis: str, tables: Iterable[str],
                      statements: Iterable[str], detail: str | None = None, **values: Any) -> None:
     """Delete ``run_id``'s rows from ``tables`` and run ``statements`` (which insert the new rows),
-    all in one transaction, then record the analysis in ``analyses_done``."""
+    all in one transaction, then record the analysis in ``analyses_done``. A statement may be a
+    ``procedure:NAME`` (see ``consumers.query_server.PROCEDURES``), called with every value."""
     ensure_schema(db_path)
     # without a materializer, scheduled flows take turns on the file's write lock: wait for it
     database = connect(db_path, read_only=False, wait_s=120)
     values = {"run": run_id, **values}
     script: list[tuple[str, Any]] = [(f"DELETE FROM {table} WHERE run_id = $run", {"run": run_id}) for table in tables]
-    script += [(sql, bind(sql, values)) for sql in statements]
+    script += [(sql, values if sql.startswith(PROCEDURE_PREFIX) else bind(sql, values)) for sql in statements]
     script.append(("INSERT INTO analyses_done VALUES ($run, $analysis, $now, $detail)",
                    {"run": run_id, "analysis": analysis, "now": time.time_ns(), "detail": detail}))
     database.script(script)

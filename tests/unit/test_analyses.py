@@ -4,7 +4,10 @@ import gzip
 import json
 
 import duckdb
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rankstream.errors import BadInput
 from rankstream.flows.breakdown import analyze_breakdown, compare_runs
@@ -229,3 +232,17 @@ def test_the_report_tells_a_healthy_run_from_one_never_analyzed(db):
         text[run] = console.export_text()
     assert "Collective findings: none (verdict: healthy)" in text["healthy"]
     assert "Collective findings: no data" in text["unchecked"]
+
+
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50), st.booleans()), max_size=60))
+def test_union_lengths_count_every_covered_instant_once(intervals):
+    from rankstream.flows.breakdown import _union_ns
+
+    def covered(chosen):  # the instants [t, t+1) some interval covers, counted one by one
+        return len({t for start, length in chosen for t in range(start, start + length)})
+
+    ordered = sorted(intervals, key=lambda i: i[0])
+    for chosen in (ordered, [i for i in ordered if i[2]]):
+        starts = np.array([i[0] for i in chosen], dtype=np.int64)
+        ends = np.array([i[0] + i[1] for i in chosen], dtype=np.int64)
+        assert _union_ns(starts, ends) == covered([(s, n) for s, n, _ in chosen])

@@ -1,5 +1,6 @@
 """Queries from other processes: through the query server, straight from the file, or a clear wait."""
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -93,3 +94,15 @@ def test_a_reader_waits_out_a_short_holder(db_path):
         assert connect(db_path, wait_s=10).fetchall("SELECT count(*) FROM rejects") == [(1,)]
     finally:
         holder.wait()
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["file", "server"])
+def test_a_script_may_call_only_listed_procedures_and_fails_whole(db_path, served):
+    with contextlib.ExitStack() as stack:
+        if served:
+            holder = stack.enter_context(contextlib.closing(duckdb.connect(str(db_path))))
+            stack.enter_context(QueryServer(holder, db_path))
+        writer = connect(db_path, read_only=False)
+        with pytest.raises(QueryError, match="no such procedure"):
+            writer.script([("DELETE FROM rejects", None), ("procedure:os.system", {"run": "r"})])
+        assert connect(db_path).fetchall("SELECT count(*) FROM rejects") == [(1,)]  # the delete rolled back
