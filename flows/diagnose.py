@@ -13,7 +13,6 @@ import atexit
 import json
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import duckdb
 from rankstream.errors import RankstreamError
 from rankstream.flows.collectives import (INSERT_FINDINGS_JSON_SQL, Finding, build_collective_tables, findings_for_run,
                                           findings_rows, store_findings, verdict)
-from rankstream.flows.run_tables import replace_run_rows
+from rankstream.flows.run_tables import analysis_done, replace_run_rows
 from rankstream.schemas.tables import ddl
 
 #: DuckDB's memory limit for a one-shot diagnosis: past it, derived tables spill to the scratch file.
@@ -143,8 +142,7 @@ def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) 
         if con is not None:
             try:
                 report = analyze_run(con, run_id, mismatch_cap)
-                con.execute("INSERT INTO analyses_done VALUES (?, 'collectives', ?, ?)",
-                            [run_id, time.time_ns(), report.verdict])
+                con.execute(*analysis_done(run_id, "collectives", report.verdict))
                 return report
             finally:
                 con.close()

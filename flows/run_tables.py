@@ -20,7 +20,7 @@ from rankstream.consumers.query_server import PROCEDURE_PREFIX
 from rankstream.errors import BadInput, QueryError
 from rankstream.schemas.tables import SCHEMA_VERSION, ddl
 
-__all__ = ["replace_run_rows", "bind", "require_run", "ensure_schema"]
+__all__ = ["replace_run_rows", "analysis_done", "bind", "require_run", "ensure_schema"]
 
 _PARAMETER = re.compile(r"\$([a-z_][a-z_0-9]*)")
 
@@ -54,6 +54,12 @@ def ensure_schema(db_path: Path) -> None:
         database.execute(ddl())
 
 
+def analysis_done(run_id: str, analysis: str, detail: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The statement (and its values) recording that ``analysis`` ran for ``run_id`` just now."""
+    return ("INSERT INTO analyses_done VALUES ($run, $analysis, $now, $detail)",
+            {"run": run_id, "analysis": analysis, "now": time.time_ns(), "detail": detail})
+
+
 def replace_run_rows(db_path: Path, run_id: str, analysis: str, tables: Iterable[str],
                      statements: Iterable[str], detail: str | None = None, **values: Any) -> None:
     """Delete ``run_id``'s rows from ``tables`` and run ``statements`` (which insert the new rows),
@@ -65,6 +71,5 @@ def replace_run_rows(db_path: Path, run_id: str, analysis: str, tables: Iterable
     values = {"run": run_id, **values}
     script: list[tuple[str, Any]] = [(f"DELETE FROM {table} WHERE run_id = $run", {"run": run_id}) for table in tables]
     script += [(sql, values if sql.startswith(PROCEDURE_PREFIX) else bind(sql, values)) for sql in statements]
-    script.append(("INSERT INTO analyses_done VALUES ($run, $analysis, $now, $detail)",
-                   {"run": run_id, "analysis": analysis, "now": time.time_ns(), "detail": detail}))
+    script.append(analysis_done(run_id, analysis, detail))
     database.script(script)

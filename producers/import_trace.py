@@ -46,13 +46,13 @@ from rankstream.producers.importing import (
     wait_materialized,
 )
 from rankstream.producers.batch_file import BatchFile
-from rankstream.producers.trace_columns import Steps, as_int, event_columns, finish_batch, steps_by_pid, trace_batches
+from rankstream.producers.trace_columns import (Steps, as_int, event_columns, finish_batch, step_number, steps_by_pid,
+                                                trace_batches)
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
 
 __all__ = ["TraceFile", "scan_trace", "import_traces"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
-_STEP = re.compile(r"ProfilerStep#(\d+)$")
 _PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
 _NUMBERS = frozenset({int, float})
 
@@ -114,9 +114,9 @@ def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
     spans = []
     for event in (e for e in events if "ProfilerStep#" in str(e.get("name"))):
         name = event.get("name")
-        if type(name) is str and event["ph"] == "X" and (match := _STEP.match(name)):
+        if type(name) is str and event["ph"] == "X" and (step := step_number(name)) is not None:
             start = int(event["ts"] * 1000)
-            spans.append((event.get("pid"), start, start + int(event.get("dur", 0) * 1000), int(match.group(1))))
+            spans.append((event.get("pid"), start, start + int(event.get("dur", 0) * 1000), step))
     return spans
 
 

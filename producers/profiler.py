@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import threading
 from typing import Any, Callable
 
 import numpy as np
 
-from rankstream.producers.trace_columns import steps_by_pid, steps_column, trace_batches
+from rankstream.producers.trace_columns import step_number, steps_by_pid, steps_column, trace_batches
 from rankstream.schemas.trace import NULL_INT
 
 __all__ = ["ProfilerStream", "profile", "window_columns"]
 
 _INSTANT_TYPES = frozenset({"cpu_instant_event"})
-_STEP = re.compile(r"ProfilerStep#(\d+)$")
 
 
 def window_columns(activities: list) -> dict[str, Any]:
@@ -54,8 +52,8 @@ def window_columns(activities: list) -> dict[str, Any]:
     ts = np.array(each("timestamp"), dtype=np.int64)
     dur = np.where(instant, 0, np.array(each("duration"), dtype=np.int64))
     pids = np.array(each("device_id"), dtype=np.int64)
-    spans = [(int(pids[i]), int(ts[i]), int(ts[i] + dur[i]), int(match.group(1)))
-             for i, name in enumerate(names) if name.startswith("ProfilerStep#") and (match := _STEP.match(name))]
+    spans = [(int(pids[i]), int(ts[i]), int(ts[i] + dur[i]), step)
+             for i, name in enumerate(names) if (step := step_number(name)) is not None]
     return {
         "name": names,
         "cat": kinds,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import zlib
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -29,7 +30,7 @@ import orjson
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES
 from rankstream.schemas.trace import NULL_INT, TraceBatch
 
-__all__ = ["as_int", "Steps", "event_columns", "trace_batches", "finish_batch", "steps_by_pid",
+__all__ = ["as_int", "Steps", "event_columns", "trace_batches", "finish_batch", "step_number", "steps_by_pid",
            "steps_column"]
 
 #: (span starts, span ends, step numbers) of one pid, sorted by start; times in ns relative to
@@ -37,6 +38,7 @@ __all__ = ["as_int", "Steps", "event_columns", "trace_batches", "finish_batch", 
 Steps = tuple[list[int], list[int], list[int]]
 
 _FLOW_PHASES = frozenset("stf")
+_STEP_NAME = re.compile(r"ProfilerStep#(\d+)$")
 _INT64_MAX = 2**63 - 1
 #: Characters of args text per batch: at most 4 bytes each in UTF-8, so a batch stays well under
 #: the message cap whatever its names and numbers add.
@@ -77,6 +79,12 @@ def _microseconds_to_ns(values: list) -> np.ndarray | list:
         if np.isfinite(scaled).all() and float(np.abs(scaled).max()) < 2.0**62:
             return scaled.astype(np.int64)
     return [int(v * 1000) for v in values]
+
+
+def step_number(name: str) -> int | None:
+    """N for a span named ``ProfilerStep#N`` (torch.profiler's step marker), else None."""
+    match = _STEP_NAME.match(name) if name.startswith("ProfilerStep#") else None
+    return int(match.group(1)) if match else None
 
 
 def steps_by_pid(spans: Iterable[tuple[int, int, int, int]]) -> dict[int, Steps]:
