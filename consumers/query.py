@@ -5,7 +5,8 @@
 * a materializer is running for this file: SQL goes to its query server (see ``query_server``);
   results are at most one poll old and no file lock is ever taken;
 * nobody holds the file: each call opens it for that call only (read-only unless asked) and
-  closes it at once, so a long-lived client never keeps a materializer from starting;
+  closes it at once, so a long-lived client never keeps a materializer from starting (a command
+  that runs many queries in a row holds one connection for a while: ``Database.held()``);
 * another process holds the file without serving queries (a one-shot ``consume --once``):
   calls wait for it to finish, up to ``wait_s``, then raise :class:`DatabaseBusy` naming it.
 
@@ -15,10 +16,11 @@ caller passes is pasted into SQL.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -37,6 +39,24 @@ class Database:
         self.path = Path(db_path)
         self.read_only = read_only
         self.wait_s = wait_s
+        #: Inside :meth:`held`: True, then the connection every local call shares.
+        self._holding = False
+        self._held: duckdb.DuckDBPyConnection | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator["Database"]:
+        """Calls inside the block that open the file themselves share one connection, opened at
+        the first and closed at the end. Opening the file costs about 25 ms, so a command that
+        runs many queries (a timeline: a few per rank) holds it; meanwhile a materializer cannot
+        start on the file. Calls that go to a query server are unchanged."""
+        self._holding = True
+        try:
+            yield self
+        finally:
+            self._holding = False
+            held, self._held = self._held, None
+            if held is not None:
+                held.close()
 
     # -- results in the shape the caller wants -------------------------------------------------
     def arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
@@ -130,8 +150,12 @@ class Database:
     def _local_call(self, work, write: bool):
         if not self.path.exists() and not write:
             raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
-        read_only = not write
-        connection = duckdb.connect(str(self.path), read_only=read_only)
+        if self._holding:
+            if self._held is None:
+                self._held = duckdb.connect(str(self.path), read_only=self.read_only)
+            connection = self._held
+        else:
+            connection = duckdb.connect(str(self.path), read_only=not write)
         try:
             return work(connection)
         except duckdb.IOException:
@@ -141,7 +165,8 @@ class Database:
         except PermissionError as exc:  # a script naming a procedure that is not listed
             raise QueryError(str(exc)) from None
         finally:
-            connection.close()
+            if connection is not self._held:
+                connection.close()
 
 
 def connect(db_path: str | Path | None = None, *, read_only: bool = True, wait_s: float = 10.0) -> Database:

@@ -213,49 +213,49 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
     findings and track names of a part come on top).
     """
     ensure_schema(db_path)
-    database = connect(db_path)
-    bounds = database.fetchall("SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)), list(DISTINCT rank ORDER BY rank) "
-                               "FROM aligned_events WHERE run_id = $1", [run_id])[0]
-    if bounds[0] is None:
-        raise BadInput(f"{db_path}: run {run_id!r} has no trace events")
-    t0, last, all_ranks = bounds
-    chosen = sorted(set(ranks) & set(all_ranks)) if ranks else all_ranks
-    if not chosen:
-        raise BadInput(f"--ranks: run {run_id!r} has ranks {all_ranks}, none of those asked for")
-    lo, hi = t0, last + 1
-    step_range = _parse_range(steps, "steps")
-    if step_range:
-        found = database.fetchall("SELECT min(start_ns), max(end_ns) FROM run_steps($1) WHERE step >= $2 AND step <= $3",
-                                  [run_id, step_range[0], step_range[1]])[0]
-        if found[0] is None:
-            raise BadInput(f"--steps {steps}: run {run_id!r} has no such steps")
-        lo, hi = found[0], found[1] + 1
-    time_range = _parse_range(window, "window")
-    if time_range:
-        lo = max(lo, t0 + int(max(time_range[0], 0) * 1e9))
-        hi = min(hi, t0 + int(min(time_range[1], 1e9) * 1e9))
-    groups = database.fetchall("SELECT pg_name, any_value(pg_desc) FROM fr_entries WHERE run_id = $1 "
-                               "GROUP BY pg_name ORDER BY TRY_CAST(pg_name AS BIGINT), pg_name", [run_id])
-    pgs, descs = [g[0] for g in groups], [g[1] for g in groups]  # track i (from 1) shows group pgs[i]
-    parts = _plan(database, run_id, chosen, lo, hi, max_events)
-    result = TimelineResult(split=len(parts) > 1)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    for part in parts:
-        writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
-        try:
-            for rank in chosen:
-                values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE}
-                writer.write_lines(_lines(database, _METADATA_SQL, values))
-                for lo, hi in _slices(database, run_id, rank, part.lo, part.hi):
-                    writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi}))
-            writer.write_lines(_lines(database, _FINDINGS_SQL, {  # global markers; pid only places them
-                "run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last, "pid": chosen[0]}))
-        finally:
-            writer.close()
-        result.files.append(writer.path)
-        result.events += writer.events
-        result.step_ranges.append((part.first_step, part.last_step))
-    return result
+    with connect(db_path).held() as database:
+        bounds = database.fetchall("SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)), list(DISTINCT rank ORDER BY rank) "
+                                   "FROM aligned_events WHERE run_id = $1", [run_id])[0]
+        if bounds[0] is None:
+            raise BadInput(f"{db_path}: run {run_id!r} has no trace events")
+        t0, last, all_ranks = bounds
+        chosen = sorted(set(ranks) & set(all_ranks)) if ranks else all_ranks
+        if not chosen:
+            raise BadInput(f"--ranks: run {run_id!r} has ranks {all_ranks}, none of those asked for")
+        lo, hi = t0, last + 1
+        step_range = _parse_range(steps, "steps")
+        if step_range:
+            found = database.fetchall("SELECT min(start_ns), max(end_ns) FROM run_steps($1) WHERE step >= $2 AND step <= $3",
+                                      [run_id, step_range[0], step_range[1]])[0]
+            if found[0] is None:
+                raise BadInput(f"--steps {steps}: run {run_id!r} has no such steps")
+            lo, hi = found[0], found[1] + 1
+        time_range = _parse_range(window, "window")
+        if time_range:
+            lo = max(lo, t0 + int(max(time_range[0], 0) * 1e9))
+            hi = min(hi, t0 + int(min(time_range[1], 1e9) * 1e9))
+        groups = database.fetchall("SELECT pg_name, any_value(pg_desc) FROM fr_entries WHERE run_id = $1 "
+                                   "GROUP BY pg_name ORDER BY TRY_CAST(pg_name AS BIGINT), pg_name", [run_id])
+        pgs, descs = [g[0] for g in groups], [g[1] for g in groups]  # track i (from 1) shows group pgs[i]
+        parts = _plan(database, run_id, chosen, lo, hi, max_events)
+        result = TimelineResult(split=len(parts) > 1)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        for part in parts:
+            writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
+            try:
+                for rank in chosen:
+                    values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE}
+                    writer.write_lines(_lines(database, _METADATA_SQL, values))
+                    for lo, hi in _slices(database, run_id, rank, part.lo, part.hi):
+                        writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi}))
+                writer.write_lines(_lines(database, _FINDINGS_SQL, {  # global markers; pid only places them
+                    "run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last, "pid": chosen[0]}))
+            finally:
+                writer.close()
+            result.files.append(writer.path)
+            result.events += writer.events
+            result.step_ranges.append((part.first_step, part.last_step))
+        return result
 
 
 #: Events fetched per query: what the writer holds in memory at once, whatever the run's size.

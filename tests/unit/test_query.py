@@ -41,6 +41,17 @@ def test_reads_straight_from_the_file_when_nobody_holds_it(db_path):
     duckdb.connect(str(db_path)).close()  # the client holds no lock between calls
 
 
+def test_calls_inside_held_share_one_connection_and_release_the_file_after(db_path):
+    database = connect(db_path, read_only=False)
+    with database.held():
+        database.execute("CREATE TEMP TABLE scratch AS SELECT 42 AS answer")  # a temp table lives in its connection
+        assert database.fetchall("SELECT answer FROM scratch") == [(42,)]
+        assert database.fetchall("SELECT reason FROM rejects") == [("why",)]
+    with pytest.raises(QueryError, match="scratch"):  # outside the block every call has its own connection
+        database.fetchall("SELECT answer FROM scratch")
+    duckdb.connect(str(db_path)).close()  # and the file is free for a writer again
+
+
 def test_values_are_bound_never_pasted(db_path):
     database = connect(db_path)
     hostile = "x' OR '1'='1"
