@@ -62,6 +62,10 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
     return run_id, rank, world_size
 
 
+#: At shutdown, how long a clock-sync round still running may take to finish and send its sample.
+CLOCK_ROUND_GRACE_S = 2.0
+
+
 class RankSession:
     def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config, launch: LaunchEnvironment,
                  metadata: dict | None = None, fr_tap: bool = True, fr_interval_s: float = 1.0,
@@ -146,6 +150,11 @@ class RankSession:
             return
         self._closed = True
         self._stop.set()
+        if self._clock_thread is not None:
+            # A round between its barriers when training ends (a short job, a loaded machine) has
+            # peers that finished it: its sample is a moment away and would be emitted after the
+            # producer closed. A round whose peers are gone gives up after the grace.
+            self._clock_thread.join(min(self._clock_timeout, CLOCK_ROUND_GRACE_S))
         if self.tap:
             self.tap.stop(final_snapshot=True)
         for stream in self._profiler_streams:

@@ -79,3 +79,50 @@ def test_identity_from_arguments_then_launcher():
     assert (rank, world) == (3, 8)
     assert run_id.startswith("job-10.0.0.1-29500-")  # torchrun's default rendezvous id "none" is ignored
     assert resolve_identity("mine", 1, 2, launch) == ("mine", 1, 2)
+
+
+class _SlowStore:
+    """A store whose second clock barrier takes a while, as on a loaded machine: the round is
+    still running when training ends and the rank shuts down."""
+
+    def __init__(self, world_size):
+        import threading
+
+        self.world_size = world_size
+        self.in_second_barrier = threading.Event()
+
+    def add(self, key, amount):
+        if key.endswith("/b/arrived"):
+            self.in_second_barrier.set()
+            import time
+
+            time.sleep(0.4)
+        return self.world_size  # every peer is there
+
+    def set(self, key, value):
+        pass
+
+    def wait(self, keys, timeout):
+        pass
+
+
+def test_a_clock_round_running_at_shutdown_still_sends_its_sample(make_config, bus, monkeypatch):
+    import types
+
+    from rankstream.producers import session as session_module
+
+    store = _SlowStore(world_size=2)
+    fake_dist = types.SimpleNamespace(
+        get_backend=lambda: "gloo",
+        distributed_c10d=types.SimpleNamespace(_get_default_store=lambda: store, _get_all_pg_configs=lambda: []))
+    monkeypatch.setattr(session_module, "_dist", lambda: fake_dist)
+    config = make_config()
+    launch = LaunchEnvironment(rank=0, world_size=2, local_rank=0, node_rank=0, local_world_size=2,
+                               run_id=None, master=None)
+    created = RankSession(run_id="clock", rank=0, world_size=2, config=config, launch=launch, fr_tap=False,
+                          producer=Producer(run_id="clock", rank=0, world_size=2, config=config, bus=bus))
+    assert store.in_second_barrier.wait(5)
+    created.shutdown()  # training ended while the round was between its barriers
+    metadata = [e.payload.fields for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.RANK_META]
+    assert any(m.get("clock_sync_ns") for m in metadata), metadata
+    assert created.clock_samples == 1
