@@ -196,6 +196,12 @@ class Delivery:
                 events_not_resent=self._not_resent,
             )
 
+    def refusing(self) -> bool:
+        """True when whatever is submitted next would go to a spool too full to take it (a spool
+        that holds anything takes every new message, to keep their order), and be dropped: the
+        caller drops it before spending CPU on encoding it."""
+        return self._spool.has_pending() and self._spool.would_refuse()
+
     def count_dropped(self, events: int) -> None:
         with self._lock:
             self._dropped += events

@@ -313,7 +313,10 @@ class Producer:
             count = min(size, len(rows_queue))
             rows = [rows_queue.popleft() for _ in range(count)]
             self._emitted += count
-            self._send_trace_rows(rows)
+            if self._delivery.refusing():
+                self._delivery.count_dropped(count)
+            else:
+                self._send_trace_rows(rows)
 
     def _send_trace_rows(self, rows: list[tuple]) -> None:
         try:
@@ -332,6 +335,9 @@ class Producer:
     def _send_batch(self, batch: TraceBatch) -> None:
         self._batch_events_taken += batch.count
         self._emitted += batch.count
+        if self._delivery.refusing():
+            self._delivery.count_dropped(batch.count)
+            return
         try:
             self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), batch.count)
         except Exception:  # above the message cap: the importer that built it cuts by size

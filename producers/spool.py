@@ -43,6 +43,8 @@ class Spool:
         self.directory = Path(root) / _UNSAFE.sub("_", run_id) / f"rank{rank}"
         self.max_bytes = max_bytes
         self.last_error: str | None = None
+        #: Size of the last message refused for the cap (0: none yet), see :meth:`would_refuse`.
+        self._refused_size = 0
         self._writer = None
         self._writer_path: Path | None = None
         self._writer_size = 0
@@ -61,11 +63,17 @@ class Spool:
     def has_pending(self) -> bool:
         return self._bytes > 0
 
+    def would_refuse(self) -> bool:
+        """Whether a message as big as the last one refused would be refused now: the spool is
+        still that full. It takes messages again once replay removes a segment."""
+        return self._refused_size > 0 and self._bytes + self._refused_size > self.max_bytes
+
     def append(self, message: SpooledMessage) -> bool:
         """Write a message; False when it would exceed the cap or the disk refused it."""
         topic = message.topic.encode()
         size = _HEADER.size + len(topic) + len(message.key) + len(message.value)
         if self._bytes + size > self.max_bytes:
+            self._refused_size = size
             return False
         try:
             if self._writer is None or self._writer_size >= _SEGMENT_BYTES:

@@ -172,6 +172,51 @@ def test_full_spool_drops_and_counts(make_config, bus):
     assert stats.events_spooled + stats.events_dropped == 5_000
 
 
+def test_a_full_spool_costs_no_encoding_and_takes_messages_again_once_replayed(make_config, bus, monkeypatch):
+    from rankstream.producers import producer as producer_module
+
+    encoded = []
+    original = producer_module.TraceBatch.from_rows
+    monkeypatch.setattr(producer_module.TraceBatch, "from_rows",
+                        staticmethod(lambda rows: encoded.append(len(rows)) or original(rows)))
+    config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 1024,
+                            "producer.spool_max_bytes": 20_000})
+    bus.available = False
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    for i in range(5_000):
+        producer.emit("op", ts_ns=i)
+    producer.flush(timeout_s=5)  # the broker is down: returns once everything is spooled or dropped
+    stats = producer.stats()
+    assert stats.events_dropped > 0 and stats.events_spooled + stats.events_dropped == 5_000
+    # every batch encoded was spooled, except the one the spool refused and the ones held in memory
+    assert sum(encoded) <= stats.events_spooled + 3 * 100, (sum(encoded), stats)
+    bus.available = True  # the broker is back: the spool drains and takes messages again
+    deadline = time.monotonic() + 10
+    while producer.stats().spool_bytes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    dropped = producer.stats().events_dropped
+    for i in range(100):  # one batch: with this small in-flight cap, every message goes by the spool
+        producer.emit("later", ts_ns=i)
+    stats = producer.close()
+    assert stats.events_dropped == dropped and stats.events_sent == stats.events_spooled == 5_000 - dropped + 100
+
+
+def test_a_spool_refuses_while_as_full_as_at_its_last_refusal_and_takes_again_after_a_segment_goes(tmp_path,
+                                                                                                    monkeypatch):
+    from rankstream.producers import spool as spool_module
+    from rankstream.producers.spool import Spool, SpooledMessage
+
+    monkeypatch.setattr(spool_module, "_SEGMENT_BYTES", 2_000)  # several segments
+    spool = Spool(tmp_path, "r", 0, max_bytes=5_000)
+    message = SpooledMessage("topic", b"key", b"x" * 900, events=10)
+    while spool.append(message):
+        assert not spool.would_refuse()
+    assert spool.would_refuse()  # the producer now drops without encoding
+    spool.remove_segment(spool.oldest_segment())  # replay delivered the oldest segment
+    assert spool.has_pending() and not spool.would_refuse()
+    assert spool.append(message)
+
+
 class StopsAnswering(MemoryTransport):
     """Delivers the first messages (so the broker counts as up), then takes messages and never
     reports on them: a Kafka client force-closed at shutdown before it failed its batches."""
