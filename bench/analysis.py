@@ -5,7 +5,8 @@
    JSON file; rankstream imports them through the bus (broker and materializer already up, as in
    production), aligns the clocks and writes the timeline. Wall time and peak RSS of each side's
    processes (rankstream's includes its materializer) are printed, at ``--merge-mb`` and at twice
-   that, to show whether memory grows with the trace size.
+   that, to show whether memory grows with the trace size. Then the same files through
+   ``rankstream merge``, which does all three in one command with no broker.
 2. **Analysis against HTA.** Kineto traces of ``--hta-events`` events over 2 ranks: HTA loads them
    and computes its temporal breakdown; rankstream imports the same files and runs its step
    analysis and temporal breakdown. Then, on ``--events`` (default 10M) events already in DuckDB,
@@ -91,11 +92,13 @@ def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
             _rankstream(config, "analyze", "run", "--run", run, "--only", "merge"),
             _rankstream(config, "timeline", "--run", run, "-o", str(root / f"{run}.json")),
         ]
+    one_command = _rankstream(config, "merge", *map(str, paths), "-o", str(root / f"{run}-one-command.json"))
     return {"files": files, "mb_each": megabytes, "events": events, "composer_s": composer_s, "composer_mb": composer_mb,
             "rankstream_s": sum(s for s, _ in steps), "import_s": steps[0][0], "merge_s": steps[1][0],
             "timeline_s": steps[2][0], "rankstream_mb": max(m for _, m in steps),
             "import_mb": steps[0][1], "timeline_mb": steps[2][1],
-            "materializer_mb": materializer.peak_mb}
+            "materializer_mb": materializer.peak_mb, "merge_command_s": one_command[0],
+            "merge_command_mb": one_command[1]}
 
 
 HTA_SCRIPT = """
@@ -207,6 +210,8 @@ def main() -> None:
                       f"timeline {row['timeline_s']:.1f}), peak RSS import {row['import_mb']:.0f} MB, "
                       f"timeline {row['timeline_mb']:.0f} MB, "
                       f"materializer {row['materializer_mb']:.0f} MB; speedup {row['composer_s'] / row['rankstream_s']:.1f}x")
+                print(f"    one command, no broker (rankstream merge): {row['merge_command_s']:.1f} s, "
+                      f"{row['merge_command_mb']:.0f} MB peak; speedup {row['composer_s'] / row['merge_command_s']:.1f}x")
         if "hta" not in skip:
             row = hta_round(root, args.hta_events, config)
             print(f"== HTA: {row['events']:,} Kineto events over 2 ranks")

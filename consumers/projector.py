@@ -16,9 +16,10 @@ import pyarrow as pa
 
 from rankstream.schemas.envelope import Envelope, PayloadKind
 from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS, RECOVERY_COUNTERS
-from rankstream.schemas.trace import NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS
+from rankstream.schemas.trace import (NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS,
+                                      TraceBatch)
 
-__all__ = ["project", "MESSAGE_COLUMN", "FR_SIZES_TYPE", "FR_FRAMES_TYPE"]
+__all__ = ["project", "trace_table", "MESSAGE_COLUMN", "FR_SIZES_TYPE", "FR_FRAMES_TYPE"]
 
 #: Every projected row carries the index of its message in the poll, so rows of a message found
 #: to be a duplicate at commit time can be filtered out; the column is dropped before insert.
@@ -45,13 +46,18 @@ def _trace_table(envelopes: list[tuple[int, Envelope]]) -> pa.Table | None:
     indexed = [(i, e) for i, e in envelopes if e.payload.count]
     if not indexed:
         return None
-    owners = [e for _, e in indexed]
-    batches = [e.payload for e in owners]
+    table = trace_table([(e.run_id, e.rank, e.payload) for _, e in indexed])
+    messages = np.repeat(np.array([i for i, _ in indexed], dtype=np.int32), [e.payload.count for _, e in indexed])
+    return table.add_column(0, MESSAGE_COLUMN, pa.array(messages))
+
+
+def trace_table(parts: list[tuple[str, int, TraceBatch]]) -> pa.Table:
+    """``trace_events`` columns for the events of ``(run id, rank, batch)`` parts (non-empty)."""
+    batches = [batch for _, _, batch in parts]
     counts = [b.count for b in batches]
     columns: dict[str, pa.Array] = {
-        MESSAGE_COLUMN: pa.array(np.repeat(np.array([i for i, _ in indexed], dtype=np.int32), counts)),
-        "run_id": _constant_strings([e.run_id for e in owners], counts),
-        "rank": pa.array(np.repeat(np.array([e.rank for e in owners], dtype=np.int32), counts)),
+        "run_id": _constant_strings([run_id for run_id, _, _ in parts], counts),
+        "rank": pa.array(np.repeat(np.array([rank for _, rank, _ in parts], dtype=np.int32), counts)),
     }
     for name in TRACE_STRING_COLUMNS:
         codes, dictionary, offset = [], [], 0

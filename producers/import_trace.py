@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import ijson
 import numpy as np
@@ -49,8 +49,9 @@ from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.trace_columns import (Steps, as_int, event_columns, finish_batch, step_number, steps_by_pid,
                                                 trace_batches)
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
+from rankstream.schemas.trace import TraceBatch
 
-__all__ = ["TraceFile", "scan_trace", "import_traces"]
+__all__ = ["TraceFile", "scan_trace", "scan_files", "file_parts", "import_traces"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
 _PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
@@ -116,7 +117,7 @@ def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
         name = event.get("name")
         if type(name) is str and event["ph"] == "X" and (step := step_number(name)) is not None:
             start = int(event["ts"] * 1000)
-            spans.append((event.get("pid"), start, start + int(event.get("dur", 0) * 1000), step))
+            spans.append((event.get("pid", 0), start, start + int(event.get("dur", 0) * 1000), step))
     return spans
 
 
@@ -168,22 +169,27 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
     return info
 
 
-def _emit_events(info: TraceFile, batches: BatchFile, producers: dict) -> dict[int, int]:
-    """Second pass: publish the file's batches with absolute times and steps; a merged trace's
-    events go to the producer of their pid."""
-    counts = dict.fromkeys(producers, 0)
+def file_parts(info: TraceFile, batches: BatchFile) -> Iterator[tuple[int, TraceBatch]]:
+    """Second pass: the file's batches with absolute times and steps, as (rank, batch); a merged
+    trace's events go to the rank of their pid."""
     for batch in batches:
         batch = finish_batch(batch, info.base_ns, info.steps)
         if info.ranks_from_pid:
             pids, _ = batch.int_column("pid")
-            parts = {int(pid): batch.select(np.flatnonzero(pids == pid)) for pid in np.unique(pids)}
+            for pid in np.unique(pids):
+                yield int(pid), batch.select(np.flatnonzero(pids == pid))
         else:
-            parts = {info.rank: batch}
-        for rank, part in parts.items():
-            if rank in producers:
-                producers[rank].emit_batch(part)
-                counts[rank] += part.count
-                wait_for_room(producers[rank])
+            yield info.rank, batch
+
+
+def _emit_events(info: TraceFile, batches: BatchFile, producers: dict) -> dict[int, int]:
+    """Publish the file's batches, each to the producer of its rank."""
+    counts = dict.fromkeys(producers, 0)
+    for rank, part in file_parts(info, batches):
+        if rank in producers:
+            producers[rank].emit_batch(part)
+            counts[rank] += part.count
+            wait_for_room(producers[rank])
     return counts
 
 
@@ -197,7 +203,7 @@ def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path
         return scan_trace(path, rank, batches, batch_events)
 
 
-def _scan_all(paths: list[Path], rank: int | None, batch_events: int, directory: Path) -> list[TraceFile]:
+def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory: Path) -> list[TraceFile]:
     """The first pass of every file, one process per core when there is enough to read; the
     batches of ``paths[i]`` end up in ``directory / f"{i}"``. The first bad file (in the order
     given) raises its error."""
@@ -225,7 +231,7 @@ def import_traces(config: Config, paths: list[Path], *, run_id: str | None = Non
     for path in paths:
         check_input_file(path)
     with tempfile.TemporaryDirectory(prefix="rankstream-import-") as directory:
-        scanned = _scan_all(paths, rank, config.producer.batch_events, Path(directory))
+        scanned = scan_files(paths, rank, config.producer.batch_events, Path(directory))
         ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
         world_size = max([len(paths)] + [r + 1 for r in ranks] + [s.world_size or 0 for s in scanned])
         summary = ImportSummary(run_id=run_id or f"trace-{scanned[0].path.name.split('.')[0]}")

@@ -295,12 +295,38 @@ def timeline(
         raise typer.BadParameter("give --steps or --window, not both")
     result = write_timeline(config().db_path, run, output, ranks=sorted(_ranks(ranks)) if ranks else None,
                             steps=steps, window=window, max_events=max_events)
+    _report_timeline(result, max_events)
+
+
+def _report_timeline(result, max_events: int) -> None:
     if result.split:
         console.print(f"{result.events:,} events are more than --max-events {max_events:,}: "
                       f"split into {len(result.files)} files by step range")
     for path, (first, last) in zip(result.files, result.step_ranges):
         label = f"steps {first}-{last}" if first is not None else "time slice"
         console.print(f"wrote {path} ({label})")
+
+
+@app.command("merge")
+def merge_command(
+    files: list[Path] = typer.Argument(..., help="Per-rank (or merged) Chrome/Kineto/Composer traces, .json or .json.gz."),
+    output: Path = typer.Option(..., "-o", "--output", help="Merged trace to write, .json or .json.gz."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
+    max_events: int = typer.Option(2_000_000, "--max-events", min=1000,
+                                   help="Past this many events, split the output into files by step range."),
+) -> None:
+    """Merge trace files onto one clock into one Chrome trace, with no broker (Composer's merger, one command)."""
+    from rankstream.flows.merge_traces import merge_trace_files
+
+    merged = merge_trace_files(files, output, rank=rank, max_events=max_events)
+    for info in merged.files:
+        who = f"ranks {sorted(info.pids)} (pids)" if info.ranks_from_pid else f"rank {info.rank}"
+        console.print(f"{info.path}: {who}, {info.events:,} events")
+    for estimate in (e for e in merged.offsets if e["chosen"]):
+        error = "" if estimate["error_ns"] is None else f" +- {estimate['error_ns'] / 1000:,.1f} us"
+        console.print(f"rank {estimate['rank']}: clock offset {estimate['offset_ns'] / 1000:,.1f} us{error} "
+                      f"({estimate['source']})")
+    _report_timeline(merged.timeline, max_events)
 
 
 @app.command("check-trace")

@@ -1,0 +1,63 @@
+"""``rankstream merge``: per-rank Composer traces to one Chrome trace on one clock, no broker."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rankstream.errors import BadInput
+from rankstream.flows.chrome_trace import check_chrome_trace
+from rankstream.flows.merge_traces import merge_trace_files
+
+EPOCH_US = 1_700_000_000_000_000
+
+
+def write_rank(path, rank, ahead_us, ops):
+    """A Composer per-rank trace whose clock reads ``ahead_us`` ahead of true time: the same
+    ops at the same true instants on every rank, and the clock-sync reading Composer records."""
+    events = [
+        {"name": "process_name", "ph": "M", "ts": EPOCH_US + ahead_us, "pid": rank, "tid": 1000,
+         "args": {"name": f"Rank {rank} training loop process"}},
+        {"name": "clock_sync_timestamp_us", "ph": "M", "ts": EPOCH_US + ahead_us, "pid": rank, "tid": 1000,
+         "args": {"value": EPOCH_US + 5 + ahead_us}},
+        {"name": "clock_sync_error_bound", "ph": "M", "ts": EPOCH_US + ahead_us, "pid": rank, "tid": 1000,
+         "args": {"value": 40}},
+    ]
+    events += [{"name": f"op{i}", "cat": "cpu_op", "ph": "X", "ts": EPOCH_US + 100 * i + ahead_us, "dur": 50,
+                "pid": rank, "tid": 1001, "args": {"External id": i}} for i in range(ops)]
+    path.write_text(json.dumps(events))
+
+
+def test_ranks_land_on_one_clock_in_one_valid_trace(tmp_path):
+    write_rank(tmp_path / "rank0.json", 0, 0, ops=50)
+    write_rank(tmp_path / "rank1.json", 1, 3_000, ops=50)  # rank 1's clock is 3 ms ahead
+    output = tmp_path / "merged.json.gz"
+    merged = merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json"], output)
+    problems, summary = check_chrome_trace(output)
+    assert problems == []
+    chosen = {e["rank"]: e for e in merged.offsets if e["chosen"]}
+    assert chosen[1]["source"] == "barrier" and abs(chosen[1]["offset_ns"] - 3_000_000) <= chosen[1]["error_ns"]
+    import gzip
+
+    events = json.loads(gzip.decompress(output.read_bytes()))["traceEvents"]
+    starts = {}
+    for event in events:
+        if event.get("cat") == "cpu_op":
+            starts.setdefault(event["name"], {})[event["pid"]] = event["ts"]
+    assert len(starts) == 50
+    assert all(set(by_rank) == {0, 1} and by_rank[0] == by_rank[1] for by_rank in starts.values())
+
+
+def test_a_bad_file_is_named_and_nothing_is_written(tmp_path):
+    write_rank(tmp_path / "rank0.json", 0, 0, ops=5)
+    (tmp_path / "rank1.json").write_text('[{"ph": "X", "ts": "soon"}]')
+    output = tmp_path / "merged.json"
+    with pytest.raises(BadInput, match="rank1.json: event 0 has a non-numeric 'ts'"):
+        merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json"], output)
+    assert not output.exists()
+    command = subprocess.run([sys.executable, "-m", "rankstream", "merge", str(tmp_path / "rank0.json"),
+                              str(tmp_path / "rank1.json"), "-o", str(output)], capture_output=True, text=True)
+    assert command.returncode == 2 and command.stderr.strip().splitlines() == [
+        f"rankstream: error: {tmp_path / 'rank1.json'}: event 0 has a non-numeric 'ts' ('soon')"]
+    assert not output.exists()
