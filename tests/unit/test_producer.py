@@ -159,14 +159,19 @@ def test_broker_outage_spools_then_delivers_everything(make_config, bus):
     assert trace_events(read_all(bus, config.topic_prefix)) == 2_000
 
 
-def test_full_spool_drops_and_counts(make_config, bus):
+def overflowing_spool(make_config, bus) -> Producer:
+    """A producer whose broker is down and whose 20 kB spool cannot hold the 5,000 events it got."""
     config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 1024,
                             "producer.spool_max_bytes": 20_000})
     bus.available = False
     producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
     for i in range(5_000):
         producer.emit("op", ts_ns=i)
-    stats = producer.close(timeout_s=0.5)
+    return producer
+
+
+def test_full_spool_drops_and_counts(make_config, bus):
+    stats = overflowing_spool(make_config, bus).close(timeout_s=0.5)
     assert stats.spool_bytes <= 20_000
     assert stats.events_dropped > 0
     assert stats.events_spooled + stats.events_dropped == 5_000
@@ -179,12 +184,7 @@ def test_a_full_spool_costs_no_encoding_and_takes_messages_again_once_replayed(m
     original = producer_module.TraceBatch.from_rows
     monkeypatch.setattr(producer_module.TraceBatch, "from_rows",
                         staticmethod(lambda rows: encoded.append(len(rows)) or original(rows)))
-    config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 1024,
-                            "producer.spool_max_bytes": 20_000})
-    bus.available = False
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
-    for i in range(5_000):
-        producer.emit("op", ts_ns=i)
+    producer = overflowing_spool(make_config, bus)
     producer.flush(timeout_s=5)  # the broker is down: returns once everything is spooled or dropped
     stats = producer.stats()
     assert stats.events_dropped > 0 and stats.events_spooled + stats.events_dropped == 5_000
