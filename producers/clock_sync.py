@@ -8,6 +8,11 @@ store, not through collectives, because:
 * a store wait has a timeout, so a rank whose peers never join records a failure instead of
   hanging (this also makes it safe to run periodically from a background thread);
 * store operations add no collectives, so Flight Recorder sequence numbers stay the job's own.
+
+Which round to join is agreed through the store too (:class:`ClockRounds`): a rank reads the
+current round number there, and whoever finishes or gives up on a round moves it on. A rank that
+came late (its peers timed out waiting for it and retried) joins the round they are waiting in,
+instead of the abandoned one; with private round counters the two would keep missing each other.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = ["ClockSample", "sample_clock"]
+__all__ = ["ClockSample", "ClockRounds", "sample_clock"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +50,26 @@ def sample_clock(store, run_id: str, round_number: int, world_size: int, timeout
     _store_barrier(store, f"{key}/b", world_size, timeout_s)
     after = time.time_ns()
     return ClockSample(sync_ns=sync, error_ns=after - before, round=round_number)
+
+
+class ClockRounds:
+    """Clock-sync rounds on a shared round number: :meth:`sample` joins the current round and
+    moves the number on, whether the round succeeded (the next periodic sample uses the next one)
+    or timed out (so the peers that come late meet the ones that retry)."""
+
+    def __init__(self, store, run_id: str, world_size: int, timeout_s: float = 10.0) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._world_size = world_size
+        self._timeout_s = timeout_s
+        self._key = f"rankstream/clock/{run_id}/round"
+        #: The round last joined (None before the first).
+        self.round: int | None = None
+
+    def sample(self) -> ClockSample:
+        """One round's sample; raises (after the timeout) if a peer is missing."""
+        self.round = round_number = int(self._store.add(self._key, 0))  # adding 0 reads the counter
+        try:
+            return sample_clock(self._store, self._run_id, round_number, self._world_size, self._timeout_s)
+        finally:  # the first rank to get here moves everyone on; the others find it done
+            self._store.compare_set(self._key, str(round_number), str(round_number + 1))

@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from rankstream.config import Config, LaunchEnvironment, flight_recorder_buffer_size
-from rankstream.producers.clock_sync import sample_clock
+from rankstream.producers.clock_sync import ClockRounds
 from rankstream.producers.flight_recorder import FlightRecorderTap
 from rankstream.producers.producer import Producer
 from rankstream.producers.profiler import ProfilerStream
@@ -64,6 +64,8 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
 
 #: At shutdown, how long a clock-sync round still running may take to finish and send its sample.
 CLOCK_ROUND_GRACE_S = 2.0
+#: After a failed clock-sync round, the first retry comes this soon (then 2x, 4x... up to the interval).
+CLOCK_RETRY_S = 1.0
 
 
 class RankSession:
@@ -105,7 +107,8 @@ class RankSession:
 
     # -- clock sync and process groups ------------------------------------------------------------
     def _clock_loop(self) -> None:
-        round_number = 0
+        rounds = None
+        retry_s = CLOCK_RETRY_S
         while not self._stop.is_set():
             dist = _dist()
             if dist is None:  # the process group does not exist yet: look again soon
@@ -113,17 +116,22 @@ class RankSession:
                 continue
             self._send_groups(dist)
             try:
-                store = dist.distributed_c10d._get_default_store()
-                sample = sample_clock(store, self.run_id, round_number, self.world_size, self._clock_timeout)
+                rounds = rounds or ClockRounds(dist.distributed_c10d._get_default_store(), self.run_id,
+                                               self.world_size, self._clock_timeout)
+                sample = rounds.sample()
                 self.producer.emit_rank_metadata(clock_sync_ns=sample.sync_ns, clock_error_ns=sample.error_ns,
                                                  clock_round=sample.round)
                 self.clock_samples += 1
+                retry_s = CLOCK_RETRY_S
+                self._stop.wait(self._clock_interval)
             except Exception as exc:  # a peer did not join within the timeout, or the store is gone
                 self.clock_failures += 1
+                failure = {"round": rounds.round if rounds else None, "error": str(exc)[:300]}
                 self.producer.emit("clock_sync_failed", "rankstream", "i", time.time_ns(), 0, self.pid, 0,
-                                   self.step, None, None, {"round": round_number, "error": str(exc)[:300]})
-            round_number += 1
-            self._stop.wait(self._clock_interval)
+                                   self.step, None, None, failure)
+                # retry soon, so a short job still gets a sample, backing off while peers stay away
+                self._stop.wait(min(retry_s, self._clock_interval))
+                retry_s *= 2
 
     def _send_groups(self, dist) -> None:
         if self._groups_sent:
