@@ -13,7 +13,9 @@ about 7 µs. So every ``interval_s`` the tap:
    missed), or when a collective looks stuck (enqueued but not completed, with no progress since
    the last tick: the live hang detector needs those entries quickly);
 3. publishes only entries that are new or whose state changed, keyed by ``record_id``, and the
-   process groups when they change;
+   process groups when they change; while the producer would drop them anyway (the broker is down
+   and its spool full), it takes no full dumps, and the next one after that publishes what the ring
+   still holds;
 4. when a collective looks stuck, also publishes the training thread's live Python stack
    (``sys._current_frames``, which never blocks) as a ``stalled_in_collective`` event; when none
    of its groups has moved for a few ticks (a rank stuck outside collectives, the one its peers
@@ -168,6 +170,8 @@ class FlightRecorderTap:
         return published
 
     def _full_dump_due(self, stuck: set[str]) -> bool:
+        if self._producer.refusing:  # the broker is down and the spool full: what it found would be dropped
+            return False
         if self._status_at_full is None:
             return True
         if self._status == self._status_at_full:

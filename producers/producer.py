@@ -191,6 +191,13 @@ class Producer:
         self._collectives = dict(status)
 
     @property
+    def refusing(self) -> bool:
+        """True while whatever is emitted would be dropped (the broker is down and the spool is as
+        full as when it last refused a message): callers with costly work to produce, such as the
+        Flight Recorder tap's dumps, skip it until this clears."""
+        return self.enabled and self._delivery.refusing()
+
+    @property
     def batch_events(self) -> int:
         """Events per trace message (``producer.batch_events``), for callers that cut batches."""
         return self._config.producer.batch_events if self.enabled else ProducerSettings().batch_events
@@ -356,6 +363,8 @@ class Producer:
             if kind is PayloadKind.TRACE_BATCH:
                 self._send_batch(data)
                 continue
+            if kind is PayloadKind.FR_BATCH and self._delivery.refusing():
+                continue  # the spool would drop them: do not encode them
             try:
                 if kind is PayloadKind.FR_BATCH:
                     entries, snapshot_ns = data

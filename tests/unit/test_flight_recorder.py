@@ -76,6 +76,7 @@ def test_no_plain_pickle_load_anywhere_in_the_code_base():
 class Recorder:
     def __init__(self):
         self.fr, self.groups, self.status, self.events = [], [], None, []
+        self.refusing = False  # a producer whose spool is full during an outage says True
 
     def emit_fr_entries(self, entries, snapshot_ns=None):
         self.fr.append(list(entries))
@@ -122,6 +123,18 @@ def test_tap_publishes_only_new_or_changed_entries_and_skips_idle_dumps():
     assert [e["record_id"] for e in recorder.fr[-1]] == [1, 2]
     assert len(recorder.groups) == 1
     assert recorder.status == {"0": {"last_enqueued": 2, "last_completed": 2}}
+
+
+def test_no_full_dumps_while_the_producer_would_drop_them_and_nothing_missed_after():
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dumps=ring.dumps(), dump_cpu_share=None)
+    recorder.refusing = True  # broker down, spool full
+    ring.enqueued = ring.completed = 1
+    assert tap.snapshot() == 0 and ring.full_dumps == 0
+    assert recorder.status == {"0": {"last_enqueued": 1, "last_completed": 1}}  # progress is still read
+    recorder.refusing = False  # the spool drained
+    assert tap.snapshot() == 2 and ring.full_dumps == 1
+    assert [e["record_id"] for e in recorder.fr[-1]] == [0, 1]
 
 
 def test_periodic_dumps_stay_within_their_cpu_share():

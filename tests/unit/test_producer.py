@@ -188,6 +188,12 @@ def test_a_full_spool_costs_no_encoding_and_takes_messages_again_once_replayed(m
     producer.flush(timeout_s=5)  # the broker is down: returns once everything is spooled or dropped
     stats = producer.stats()
     assert stats.events_dropped > 0 and stats.events_spooled + stats.events_dropped == 5_000
+    assert producer.refusing
+    fr_batches = []
+    monkeypatch.setattr(producer_module, "FrBatch", lambda **fields: fr_batches.append(fields))
+    producer.emit_fr_entries([{"record_id": 1}])
+    producer.flush(timeout_s=5)
+    assert fr_batches == []  # nor are Flight Recorder entries
     # every batch encoded was spooled, except the one the spool refused and the ones held in memory
     assert sum(encoded) <= stats.events_spooled + 3 * 100, (sum(encoded), stats)
     bus.available = True  # the broker is back: the spool drains and takes messages again
