@@ -16,6 +16,11 @@ Timestamps: Chrome ``ts``/``dur`` are microseconds; Kineto's ``ts`` is relative 
 ``baseTimeNanoseconds``, Composer's is epoch time. Both become epoch nanoseconds. The rank comes
 from ``--rank``, else ``distributedInfo.rank``, else the file name (``rank3``, ``rank_3``,
 ``rank-3``), else each event's ``pid`` (Composer's merged traces set pid to the global rank).
+
+A merged Composer trace has its ranks on one clock already: Composer's merger shifts every event by
+the clock-sync readings, but leaves the ``clock_sync_timestamp_us`` / ``clock_sync_error_bound``
+metadata as the ranks recorded them. Imported as they are, rankstream's merge would apply the same
+offsets a second time, so a file whose ranks come from its pids is imported without them.
 """
 
 from __future__ import annotations
@@ -169,15 +174,21 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
     return info
 
 
+#: Composer's clock-sync metadata, already applied in a merged trace (see the module docstring).
+_APPLIED_CLOCK_SYNC = frozenset({"clock_sync_timestamp_us", "clock_sync_error_bound"})
+
+
 def file_parts(info: TraceFile, batches: BatchFile) -> Iterator[tuple[int, TraceBatch]]:
     """Second pass: the file's batches with absolute times and steps, as (rank, batch); a merged
-    trace's events go to the rank of their pid."""
+    trace's events go to the rank of their pid, without its applied clock-sync metadata."""
     for batch in batches:
         batch = finish_batch(batch, info.base_ns, info.steps)
         if info.ranks_from_pid:
             pids, _ = batch.int_column("pid")
+            codes, names = batch.string_column("name")
+            applied = np.isin(codes, [i for i, name in enumerate(names) if name in _APPLIED_CLOCK_SYNC])
             for pid in np.unique(pids):
-                yield int(pid), batch.select(np.flatnonzero(pids == pid))
+                yield int(pid), batch.select(np.flatnonzero((pids == pid) & ~applied))
         else:
             yield info.rank, batch
 

@@ -49,6 +49,26 @@ def test_ranks_land_on_one_clock_in_one_valid_trace(tmp_path):
     assert all(set(by_rank) == {0, 1} and by_rank[0] == by_rank[1] for by_rank in starts.values())
 
 
+def test_a_trace_composer_already_merged_is_not_shifted_again(tmp_path):
+    """Composer's merger shifts every event by the clock-sync readings and keeps the readings."""
+    write_rank(tmp_path / "rank0.json", 0, 0, ops=20)
+    write_rank(tmp_path / "rank1.json", 1, 3_000, ops=20)
+    merged = []
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        shift = 3_000 * rank  # this rank's clock-sync reading minus rank 0's
+        merged += [{**e, "ts": e["ts"] - shift} for e in events]
+    (tmp_path / "composer_merged.json").write_text(json.dumps(merged))
+    output = tmp_path / "out.json"
+    result = merge_trace_files([tmp_path / "composer_merged.json"], output)
+    assert {e["rank"]: e["offset_ns"] for e in result.offsets if e["chosen"]} == {0: 0, 1: 0}
+    starts = {}
+    for event in json.loads(output.read_text())["traceEvents"]:
+        if event.get("cat") == "cpu_op":
+            starts.setdefault(event["name"], set()).add(event["ts"])
+    assert len(starts) == 20 and all(len(times) == 1 for times in starts.values())
+
+
 def test_a_bad_file_is_named_and_nothing_is_written(tmp_path):
     write_rank(tmp_path / "rank0.json", 0, 0, ops=5)
     (tmp_path / "rank1.json").write_text('[{"ph": "X", "ts": "soon"}]')
