@@ -41,9 +41,10 @@ class MergedTraces:
     timeline: TimelineResult
 
 
-def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = None, max_events: int = 2_000_000,
-                      batch_events: int = 1000) -> MergedTraces:
-    """Merge ``paths`` into ``output`` (``.json`` or ``.json.gz``; split past ``max_events``)."""
+def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = None, steps: str | None = None,
+                      window: str | None = None, max_events: int = 2_000_000, batch_events: int = 1000) -> MergedTraces:
+    """Merge ``paths`` into ``output`` (``.json`` or ``.json.gz``; ``steps``, ``window`` and
+    ``max_events`` as for :func:`~rankstream.flows.timeline.write_timeline`)."""
     if rank is not None and len(paths) > 1:
         raise BadInput("--rank applies to one file; name the rank in each file name instead")
     for path in paths:
@@ -61,7 +62,8 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
             con.close()
         merge_run(db_path, RUN_ID)
         return MergedTraces(files=files, offsets=clock_offsets(db_path, RUN_ID),
-                            timeline=write_timeline(db_path, RUN_ID, output, max_events=max_events))
+                            timeline=write_timeline(db_path, RUN_ID, output, steps=steps, window=window,
+                                                    max_events=max_events))
 
 
 def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile) -> None:

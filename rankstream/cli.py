@@ -312,13 +312,17 @@ def merge_command(
     files: list[Path] = typer.Argument(..., help="Per-rank (or merged) Chrome/Kineto/Composer traces, .json or .json.gz."),
     output: Path = typer.Option(..., "-o", "--output", help="Merged trace to write, .json or .json.gz."),
     rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Only steps a:b (inclusive)."),
+    window: Optional[str] = typer.Option(None, "--window", help="Only seconds t0:t1 after the first event."),
     max_events: int = typer.Option(2_000_000, "--max-events", min=1000,
                                    help="Past this many events, split the output into files by step range."),
 ) -> None:
     """Merge trace files onto one clock into one Chrome trace, with no broker (Composer's merger, one command)."""
     from rankstream.flows.merge_traces import merge_trace_files
 
-    merged = merge_trace_files(files, output, rank=rank, max_events=max_events)
+    if steps and window:
+        raise typer.BadParameter("give --steps or --window, not both")
+    merged = merge_trace_files(files, output, rank=rank, steps=steps, window=window, max_events=max_events)
     for info in merged.files:
         who = f"ranks {sorted(info.pids)} (pids)" if info.ranks_from_pid else f"rank {info.rank}"
         console.print(f"{info.path}: {who}, {info.events:,} events")
@@ -440,13 +444,11 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except typer.TyperException as exc:  # usage errors (typer vendors click: these are not click's own classes)
+        if not hasattr(exc, "show"):
+            raise
+        exc.show()
+        sys.exit(exc.exit_code)
     if isinstance(code, int) and code:
         sys.exit(code)
 
