@@ -44,7 +44,11 @@ def require_run(db_path: Path, run_id: str) -> None:
 
 def ensure_schema(db_path: Path) -> None:
     """Bring a database written by another rankstream version up to this one's tables, views and
-    macros (the analyses depend on them), once."""
+    macros (the analyses depend on them), once. A database that does not exist is an error here,
+    not a new empty file left behind in the working directory."""
+    if not Path(db_path).exists():
+        raise QueryError(f"{db_path}: no such database yet (start the materializer: rankstream up, "
+                         "or import data: rankstream import)")
     database = connect(db_path, read_only=False, wait_s=120)
     try:
         current = database.fetchall("SELECT rankstream_schema()")[0][0] == SCHEMA_VERSION
