@@ -278,21 +278,31 @@ def report(
         render_comparison(run, compare, comparison, console)
 
 
+# -- timelines: options shared by `timeline` and `merge` ------------------------------------------
+_STEPS = typer.Option(None, "--steps", help="Only steps a:b (inclusive).")
+_WINDOW = typer.Option(None, "--window", help="Only seconds t0:t1 after the first event.")
+_MAX_EVENTS = typer.Option(2_000_000, "--max-events", min=1000,
+                           help="Past this many events, split the output into files by step range.")
+
+
+def _one_range(steps: Optional[str], window: Optional[str]) -> None:
+    if steps and window:
+        raise typer.BadParameter("give --steps or --window, not both")
+
+
 @app.command()
 def timeline(
     run: str = typer.Option(..., "--run", help="The run to draw."),
     output: Path = typer.Option(..., "-o", "--output", help="Output file, .json or .json.gz."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. '0,3'."),
-    steps: Optional[str] = typer.Option(None, "--steps", help="Steps a:b (inclusive)."),
-    window: Optional[str] = typer.Option(None, "--window", help="Seconds t0:t1 after the run's first event."),
-    max_events: int = typer.Option(2_000_000, "--max-events", min=1000,
-                                   help="Past this many events, split the output into files by step range."),
+    steps: Optional[str] = _STEPS,
+    window: Optional[str] = _WINDOW,
+    max_events: int = _MAX_EVENTS,
 ) -> None:
     """Write the run as a Chrome trace (chrome://tracing, Perfetto), all ranks on one clock."""
     from rankstream.flows.timeline import write_timeline
 
-    if steps and window:
-        raise typer.BadParameter("give --steps or --window, not both")
+    _one_range(steps, window)
     result = write_timeline(config().db_path, run, output, ranks=sorted(_ranks(ranks)) if ranks else None,
                             steps=steps, window=window, max_events=max_events)
     _report_timeline(result, max_events)
@@ -312,16 +322,14 @@ def merge_command(
     files: list[Path] = typer.Argument(..., help="Per-rank (or merged) Chrome/Kineto/Composer traces, .json or .json.gz."),
     output: Path = typer.Option(..., "-o", "--output", help="Merged trace to write, .json or .json.gz."),
     rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
-    steps: Optional[str] = typer.Option(None, "--steps", help="Only steps a:b (inclusive)."),
-    window: Optional[str] = typer.Option(None, "--window", help="Only seconds t0:t1 after the first event."),
-    max_events: int = typer.Option(2_000_000, "--max-events", min=1000,
-                                   help="Past this many events, split the output into files by step range."),
+    steps: Optional[str] = _STEPS,
+    window: Optional[str] = _WINDOW,
+    max_events: int = _MAX_EVENTS,
 ) -> None:
     """Merge trace files onto one clock into one Chrome trace, with no broker (Composer's merger, one command)."""
     from rankstream.flows.merge_traces import merge_trace_files
 
-    if steps and window:
-        raise typer.BadParameter("give --steps or --window, not both")
+    _one_range(steps, window)
     merged = merge_trace_files(files, output, rank=rank, steps=steps, window=window, max_events=max_events)
     for info in merged.files:
         who = f"ranks {sorted(info.pids)} (pids)" if info.ranks_from_pid else f"rank {info.rank}"
