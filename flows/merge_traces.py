@@ -10,6 +10,7 @@ directory goes when the command ends; a bad file stops it before anything is wri
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +69,9 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
 
 def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile) -> None:
     """One file's events into ``trace_events``, with absolute times, steps and ranks."""
-    parts = [(RUN_ID, rank, batch) for rank, batch in file_parts(info, batches)]
-    for start in range(0, len(parts), _BATCHES_PER_INSERT):
-        table = trace_table(parts[start:start + _BATCHES_PER_INSERT])
+    parts = ((RUN_ID, rank, batch) for rank, batch in file_parts(info, batches))
+    while chunk := list(itertools.islice(parts, _BATCHES_PER_INSERT)):  # a chunk at a time: bounded memory
+        table = trace_table(chunk)
         columns = ", ".join(table.column_names)
         con.register("_parts", table)
         try:
