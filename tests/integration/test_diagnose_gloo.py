@@ -63,7 +63,13 @@ def test_faults_name_kind_group_sequence_and_culprit(live, tmp_path, fault, kind
 def test_a_slow_rank_is_the_straggler(live, tmp_path):
     report = run_job(live, tmp_path, fault="straggler", fault_rank=3, steps=14, straggler_sleep_s=0.1)
     stragglers = [f for f in report.findings if f.kind == "straggler"]
-    assert stragglers and stragglers[0].culprit_ranks == [3]
+    # shown if it fails (CI once found no straggler at all): what was found, and what each rank's
+    # Flight Recorder gave the analysis (only collectives every member logged are compared)
+    entries = connect(live.db_path).fetchall(
+        "SELECT rank, count(*), count(DISTINCT collective_seq_id), max(collective_seq_id) FROM fr_entries "
+        "WHERE run_id = ? GROUP BY rank ORDER BY rank", [report.run_id])
+    assert stragglers and stragglers[0].culprit_ranks == [3], (
+        [(f.kind, f.culprit_ranks, f.detail) for f in report.findings], entries)
     assert report.verdict == "straggler"
 
 
