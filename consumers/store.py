@@ -28,7 +28,7 @@ from rankstream.schemas.envelope import Envelope
 from rankstream.schemas.tables import BOOKKEEPING_TABLES, PROJECTION_TABLES, ddl
 from rankstream.schemas.topics import parse_message_key
 
-__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable", "transaction"]
+__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable", "transaction", "insert_arrow"]
 
 
 @dataclass
@@ -70,6 +70,12 @@ def _registered(connection: duckdb.DuckDBPyConnection, name: str, table: pa.Tabl
             connection.unregister(name)
         except duckdb.Error:
             pass
+
+
+def insert_arrow(connection: duckdb.DuckDBPyConnection, table: str, arrow: pa.Table) -> None:
+    """Append an Arrow table's rows to ``table``, its columns matched by name."""
+    with _registered(connection, f"_incoming_{table}", arrow):
+        connection.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming_{table}")
 
 
 def open_writable(path: Path, wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
@@ -168,9 +174,7 @@ class Store:
     def _insert(self, table: str, arrow: pa.Table) -> None:
         if MESSAGE_COLUMN in arrow.column_names:
             arrow = arrow.drop_columns([MESSAGE_COLUMN])
-        name = f"_incoming_{table}"
-        with _registered(self.connection, name, arrow):
-            self.connection.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {name}")
+        insert_arrow(self.connection, table, arrow)
 
     def _known_messages(self, keys: pa.Table) -> tuple[set[int], dict[int, str]]:
         """Indexes (within the poll) of messages whose batch key is already stored, and among them

@@ -18,12 +18,11 @@ from pathlib import Path
 import duckdb
 
 from rankstream.consumers.projector import trace_table
-from rankstream.errors import BadInput
+from rankstream.consumers.store import insert_arrow
 from rankstream.flows.merge import clock_offsets, merge_run
 from rankstream.flows.timeline import TimelineResult, write_timeline
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.import_trace import TraceFile, file_parts, scan_files
-from rankstream.producers.importing import check_input_file
 from rankstream.schemas.tables import ddl
 
 __all__ = ["MergedTraces", "merge_trace_files", "RUN_ID"]
@@ -46,10 +45,6 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
                       window: str | None = None, max_events: int = 2_000_000, batch_events: int = 1000) -> MergedTraces:
     """Merge ``paths`` into ``output`` (``.json`` or ``.json.gz``; ``steps``, ``window`` and
     ``max_events`` as for :func:`~rankstream.flows.timeline.write_timeline`)."""
-    if rank is not None and len(paths) > 1:
-        raise BadInput("--rank applies to one file; name the rank in each file name instead")
-    for path in paths:
-        check_input_file(path)
     with tempfile.TemporaryDirectory(prefix="rankstream-merge-") as scratch:
         db_path = Path(scratch) / "merge.duckdb"
         files = scan_files(paths, rank, batch_events, Path(scratch))
@@ -71,10 +66,4 @@ def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile)
     """One file's events into ``trace_events``, with absolute times, steps and ranks."""
     parts = ((RUN_ID, rank, batch) for rank, batch in file_parts(info, batches))
     while chunk := list(itertools.islice(parts, _BATCHES_PER_INSERT)):  # a chunk at a time: bounded memory
-        table = trace_table(chunk)
-        columns = ", ".join(table.column_names)
-        con.register("_parts", table)
-        try:
-            con.execute(f"INSERT INTO trace_events ({columns}) SELECT {columns} FROM _parts")
-        finally:
-            con.unregister("_parts")
+        insert_arrow(con, "trace_events", trace_table(chunk))

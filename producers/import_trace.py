@@ -217,7 +217,12 @@ def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path
 def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory: Path) -> list[TraceFile]:
     """The first pass of every file, one process per core when there is enough to read; the
     batches of ``paths[i]`` end up in ``directory / f"{i}"``. The first bad file (in the order
-    given) raises its error."""
+    given) raises its error; so do ``rank`` with several files and a path that is no input file,
+    before anything is read."""
+    if rank is not None and len(paths) > 1:
+        raise BadInput("--rank applies to one file; name the rank in each file name instead")
+    for path in paths:
+        check_input_file(path)
     batch_paths = [directory / str(i) for i in range(len(paths))]
     ranks, sizes = [rank] * len(paths), [batch_events] * len(paths)
     workers = min(len(paths), os.cpu_count() or 1)
@@ -237,10 +242,6 @@ def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory
 
 def import_traces(config: Config, paths: list[Path], *, run_id: str | None = None, rank: int | None = None,
                   wait: bool = True) -> ImportSummary:
-    if rank is not None and len(paths) > 1:
-        raise BadInput("--rank applies to one file; name the rank in each file name instead")
-    for path in paths:
-        check_input_file(path)
     with tempfile.TemporaryDirectory(prefix="rankstream-import-") as directory:
         scanned = scan_files(paths, rank, config.producer.batch_events, Path(directory))
         ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
