@@ -198,13 +198,32 @@ def test_a_full_spool_costs_no_encoding_and_takes_messages_again_once_replayed(m
     assert sum(encoded) <= stats.events_spooled + 3 * 100, (sum(encoded), stats)
     bus.available = True  # the broker is back: the spool drains and takes messages again
     deadline = time.monotonic() + 10
-    while producer.stats().spool_bytes and time.monotonic() < deadline:
+    while (producer.stats().spool_bytes or producer.refusing) and time.monotonic() < deadline:
         time.sleep(0.02)
     dropped = producer.stats().events_dropped
     for i in range(100):  # one batch: with this small in-flight cap, every message goes by the spool
         producer.emit("later", ts_ns=i)
     stats = producer.close()
     assert stats.events_dropped == dropped and stats.events_sent == stats.events_spooled == 5_000 - dropped + 100
+
+
+def test_while_the_spool_refuses_emit_drops_and_counts_without_queueing(make_config, bus):
+    from rankstream.schemas.trace import TraceBatch
+
+    producer = overflowing_spool(make_config, bus)
+    producer.flush(timeout_s=5)
+    assert producer.refusing
+    before = producer.stats()
+    for i in range(1_000):
+        producer.emit("more", "user_counter", "C", i, 0, 0, 0, None, None, None, {"value": 1.0})
+    batch = TraceBatch.from_rows([("window", "cpu_op", "X", i, 1, 0, 0, None, None, None, None) for i in range(50)])
+    assert not producer.offer_batch(batch)
+    after = producer.stats()
+    assert after.buffered_events == 0  # nothing queued for the sender to drop later
+    assert after.events_emitted - before.events_emitted == 1_050
+    assert after.events_dropped - before.events_dropped == 1_050
+    stats = producer.close(timeout_s=0.5)
+    assert stats.events_spooled + stats.events_dropped == stats.events_emitted == 6_050
 
 
 def test_a_spool_refuses_while_as_full_as_at_its_last_refusal_and_takes_again_after_a_segment_goes(tmp_path,
