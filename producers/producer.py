@@ -293,7 +293,7 @@ class Producer:
                 self._delivery.pump(now)
                 if flush:
                     self._wait_delivered(5.0)
-                self._refusing = self._delivery.refusing()
+                self._refusing = self._delivery.refusing()  # set before a flush is reported done
                 if flush:
                     self._flush_requested.clear()
                     self._flushed.set()
