@@ -137,6 +137,43 @@ def _thread_cpu_s() -> dict[str, float]:
     return used
 
 
+#: Steps of rankstream calls timed by ``api_cost``.
+API_STEPS = 2_000
+
+
+def _step_calls(step: int) -> None:
+    """A soak step's rankstream calls (see ``train``) around no work: a step marker, five spans, 40 counters."""
+    import rankstream
+
+    rankstream.step(step)
+    for name in ("data", "forward", "backward", "allreduce", "optimizer"):
+        with rankstream.span(name):
+            pass
+    for index in range(40):
+        rankstream.counter("metric", {"value": float(index)})
+
+
+def api_cost(env: dict, out: str) -> None:
+    """CPU of one step's rankstream calls on the training thread in a rank whose broker is down and
+    whose spool refuses, as in the runs with rankstream (timed apart: in a run, with real work
+    between the calls, they cannot be told from the step)."""
+    os.environ.update(env)
+    import rankstream
+
+    session = rankstream.init(run_id="soak-api-cost", rank=0, world_size=1, fr_tap=False, clock_sync=False)
+    step, deadline = 0, time.monotonic() + 120
+    while not session.producer.refusing and time.monotonic() < deadline:  # fill the spool first
+        _step_calls(step)
+        step += 1
+    refusing = session.producer.refusing
+    started = time.thread_time()
+    for step in range(step, step + API_STEPS):
+        _step_calls(step)
+    cpu_us = (time.thread_time() - started) / API_STEPS * 1e6
+    rankstream.shutdown(timeout_s=1)
+    Path(out).write_text(json.dumps({"cpu_us": cpu_us, "refusing": refusing}))
+
+
 def resend(rank: int, env: dict) -> None:
     """The rank comes back once the broker is up: its new producer resends the spool."""
     os.environ.update(env)
@@ -185,6 +222,12 @@ def broker_down(root: Path, steps: int, spool_mb: int, repeats: int) -> dict:
     finally:
         down(config)
     quantiles = {mode: _quantiles_ms([s for run in rs for r in run for s in r["step_s"]]) for mode, rs in runs.items()}
+    small_spool = load_config({"db_path": root / "api.duckdb", "state_dir": root / "api-state",
+                               "broker_port": _free_port(), "producer.spool_max_bytes": 1 << 20}, env={})
+    process = mp.get_context("spawn").Process(target=api_cost, args=(config_env(small_spool), str(root / "api.json")))
+    process.start()
+    process.join(300)
+    api = json.loads(Path(root, "api.json").read_text())
     return {"off_ms": mean["off"] * 1000, "on_ms": mean["on"] * 1000, "ratio": mean["on"] / mean["off"],
             "quantiles": quantiles,
             "pair_ratio": statistics.mean(pairs), "pair_spread": spread, "pairs": pairs,
@@ -192,7 +235,8 @@ def broker_down(root: Path, steps: int, spool_mb: int, repeats: int) -> dict:
             "dropped": sum(r["dropped"] for r in everything), "spool_mb": max(r["spool_bytes"] for r in last) / 2**20,
             "spool_cap_mb": spool_mb, "rss_on_mb": max(r["rss_mb"] for r in last),
             "rss_off_mb": max(r["rss_mb"] for r in runs["off"][-1]), "arrived": arrived, "drained_s": drained_s,
-            "last_error": last[0]["last_error"], "cpu_ms_per_s": _cpu_per_second(runs["on"])}
+            "last_error": last[0]["last_error"], "cpu_ms_per_s": _cpu_per_second(runs["on"]),
+            "api_us_per_step": api["cpu_us"], "api_refusing": api["refusing"]}
 
 
 def _quantiles_ms(step_s: list[float]) -> dict[str, float]:
@@ -604,6 +648,9 @@ def broker_down_section(root: Path, args) -> None:
           + " ".join(f"{100 * (r - 1):+.0f}%" for r in row["pairs"]) + ")")
     for mode, label in (("off", "without rankstream"), ("on", "with rankstream")):
         print(f"  step time {label}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in row["quantiles"][mode].items()))
+    print(f"  a step's rankstream calls (step marker, 5 spans, 40 counters) on the training thread, spool "
+          f"{'refusing' if row['api_refusing'] else 'NOT refusing'}: {row['api_us_per_step']:.1f} us of CPU "
+          f"({API_STEPS:,} steps timed apart) = {100 * row['api_us_per_step'] / (1000 * row['on_ms']):.1f}% of a step")
     print("  CPU per second of training, by thread: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in row["cpu_ms_per_s"].items()))
     print(f"  events emitted (all runs) {row['emitted']:,}, spooled {row['spooled']:,}, dropped {row['dropped']:,}; spool "
           f"{row['spool_mb']:.1f} MB of its {row['spool_cap_mb']} MB cap; peak RSS {row['rss_on_mb']:.0f} MB "
