@@ -300,6 +300,14 @@ _ALL_GATHERS = ("all_gather", "_all_gather_base", "_allgather_base", "all_gather
                 "all_gather_single")
 _REDUCE_SCATTERS = ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reducescatter",
                     "reduce_scatter_single")
+_ALL_TO_ALLS = ("alltoall", "alltoall_base", "all_to_all", "all_to_all_single")
+#: Ops whose members may legitimately send different sizes or dtypes (or none).
+_UNEVEN = ("alltoall", "alltoall_base", "all_to_all", "scatter", "gather", "barrier")
+
+
+def _sql_names(names: tuple[str, ...]) -> str:
+    """Op names as the inside of a SQL ``IN (...)`` (constants of this module, never user input)."""
+    return ", ".join(f"'{name}'" for name in names)
 
 
 def _sizes_ok(op: str, inputs: str, outputs: str, members: int) -> bool:
@@ -317,7 +325,8 @@ def _sizes_ok(op: str, inputs: str, outputs: str, members: int) -> bool:
     return True
 
 
-def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
+def _size_findings(con, run_id: str, descs, derailed, issued: set[str]) -> list[Finding]:
+    """``issued``: the ops of the run's collectives; a rule about ops the run never issued is not run."""
     findings = []
     # 1. ranks whose sizes or dtypes differ from the most common ones at the same collective
     for column, kind, differ in (("[input_sizes, output_sizes]", "size_mismatch", "sizes_differ"),
@@ -325,9 +334,7 @@ def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
         rows = _rows(con, f"""
             WITH calls AS (
                 SELECT k.*, {column} AS value FROM collective_calls k JOIN collectives c USING (run_id, pg_name, seq)
-                WHERE k.run_id = ? AND c.{differ} AND k.op = c.op
-                  AND k.op NOT IN ('alltoall', 'alltoall_base', 'all_to_all',
-                      'scatter', 'gather', 'barrier')
+                WHERE k.run_id = ? AND c.{differ} AND k.op = c.op AND k.op NOT IN ({_sql_names(_UNEVEN)})
             ), votes AS (
                 SELECT pg_name, seq, value, count(*) AS n FROM calls GROUP BY ALL
             ), consensus AS (
@@ -351,14 +358,13 @@ def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
                                     f"{'tensor sizes' if kind == 'size_mismatch' else 'dtypes'}"))
     # 2. per-call syntax rules, checked once per distinct (op, sizes, group size)
     #    (distinct by hash, so that millions of calls are not turned into text to find a few combinations)
-    sized_calls = """
+    sized_calls = f"""
         WITH group_sizes AS (SELECT pg_name, count(*) AS members FROM memberships WHERE run_id = $run GROUP BY ALL)
         SELECT k.*, g.members
         FROM collective_calls k JOIN group_sizes g USING (pg_name)
-        WHERE k.run_id = $run AND k.op IN ('all_gather', '_allgather_base', 'all_gather_into_tensor', 'allgather',
-              'reduce_scatter', '_reduce_scatter_base', 'reduce_scatter_tensor', 'reducescatter')
+        WHERE k.run_id = $run AND k.op IN ({_sql_names(_ALL_GATHERS + _REDUCE_SCATTERS)})
     """
-    combos = _rows(con, f"""
+    combos = [] if issued.isdisjoint(_ALL_GATHERS + _REDUCE_SCATTERS) else _rows(con, f"""
         SELECT op, members, sizes_hash, any_value(input_sizes)::VARCHAR AS input_sizes,
                any_value(output_sizes)::VARCHAR AS output_sizes
         FROM ({sized_calls}) GROUP BY op, members, sizes_hash
@@ -375,12 +381,11 @@ def _size_findings(con, run_id: str, descs, derailed) -> list[Finding]:
                                     f"{combo['input_sizes']} -> {combo['output_sizes']}",
                                     f"{combo['op']} sizes break the expansion rule for a group of {combo['members']}"))
     # 3. all-to-all: the total elements sent must equal the total received
-    totals = _rows(con, """
+    totals = [] if issued.isdisjoint(_ALL_TO_ALLS) else _rows(con, f"""
         SELECT pg_name, seq, list(rank ORDER BY rank) AS ranks,
                sum(list_sum(list_transform(input_sizes, lambda s: list_product(s)))) AS sent,
                sum(list_sum(list_transform(output_sizes, lambda s: list_product(s)))) AS received
-        FROM collective_calls WHERE run_id = ? AND op IN ('alltoall', 'alltoall_base', 'all_to_all', 'all_to_all_single')
-          AND len(input_sizes) > 0
+        FROM collective_calls WHERE run_id = ? AND op IN ({_sql_names(_ALL_TO_ALLS)}) AND len(input_sizes) > 0
         GROUP BY ALL HAVING sent <> received ORDER BY seq
     """, [run_id])
     for row in totals:
@@ -529,7 +534,11 @@ ORDER BY s.pg_name, s.src, s.dst, s.nth
 def _p2p_findings(con, run_id: str) -> list[Finding]:
     """The k-th send from A to B pairs with the k-th recv on B from A, whatever else is batched in
     between; a pair whose sizes differ, or a send with no receive where B's buffer would hold it, is
-    a p2p mismatch (one finding per pair of ranks, the first one)."""
+    a p2p mismatch (one finding per pair of ranks, the first one). The run's distinct entry names
+    (a handful) say first whether there are any sends or receives at all."""
+    names = con.execute("SELECT DISTINCT profiling_name FROM fr_entries WHERE run_id = ?", [run_id]).fetchall()
+    if not any(":send " in name or ":recv " in name for (name,) in names):  # as P2P_SQL's LIKE patterns
+        return []
     findings, seen = [], set()
     for row in _rows(con, P2P_SQL, {"run": run_id}):
         key = (row["pg_name"], row["src"], row["dst"])
@@ -586,8 +595,9 @@ def _state_findings(con, run_id: str, descs, derailed) -> list[Finding]:
 def findings_for_run(con: duckdb.DuckDBPyConnection, run_id: str, mismatch_cap: int | None = None) -> list[Finding]:
     """Findings of one run (tables built by ``build_collective_tables``), first mismatch first."""
     descs = _group_descs(con, run_id)
+    issued = {op for (op,) in con.execute("SELECT DISTINCT op FROM collectives WHERE run_id = ?", [run_id]).fetchall()}
     type_findings, derailed = _type_findings(con, run_id, descs)
-    findings = (type_findings + _size_findings(con, run_id, descs, derailed)
+    findings = (type_findings + _size_findings(con, run_id, descs, derailed, issued)
                 + _state_findings(con, run_id, descs, derailed) + _tail_findings(con, run_id, descs, derailed)
                 + _truncation_findings(con, run_id, descs)
                 + _straggler_findings(con, run_id, descs, derailed) + _p2p_findings(con, run_id))

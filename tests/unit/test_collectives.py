@@ -103,6 +103,25 @@ def test_a_straggler_is_reported_but_is_not_a_desync(tmp_path):
     assert report.findings[0].actual["mean_late_ms"] == pytest.approx(8.0, abs=0.1)
 
 
+@pytest.mark.parametrize("op,gathers", [("_all_gather_base", True), ("all_gather_into_tensor", True),
+                                        ("_reduce_scatter_base", False)])
+def test_a_gather_or_scatter_that_breaks_the_expansion_rule_on_every_rank_is_a_size_mismatch(tmp_path, op, gathers):
+    """All four ranks agree, so only the per-call rule can tell: seq 11 expands by the group size
+    (4), seq 12 by 2. (Like fr_trace's check, equal shapes would pass: no dimension expanded.)"""
+    for rank in range(4):
+        entries = [entry(i, i + 1, "all_reduce") for i in range(10)]
+        for record, (small, large) in ((10, (1024, 4096)), (11, (1024, 2048))):
+            call = entry(record, record + 1, op)
+            call["input_sizes"], call["output_sizes"] = ([[small]], [[large]]) if gathers else ([[large]], [[small]])
+            entries.append(call)
+        dump = {"version": "2.10", "entries": entries,
+                "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(4)))}}}
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps(dump))
+    report, _ = diagnose_directory(tmp_path, prefix="rank_")
+    assert [(f.kind, f.seq, f.culprit_ranks) for f in report.findings] == [("size_mismatch", 12, [0, 1, 2, 3])]
+    assert "expansion rule" in report.findings[0].detail
+
+
 def test_mismatch_cap_and_missing_dumps(tmp_path):
     job = write_job(tmp_path / "job", "wrong_op")
     (job / "rank_3").unlink()
