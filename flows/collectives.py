@@ -301,8 +301,9 @@ _ALL_GATHERS = ("all_gather", "_all_gather_base", "_allgather_base", "all_gather
 _REDUCE_SCATTERS = ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reducescatter",
                     "reduce_scatter_single")
 _ALL_TO_ALLS = ("alltoall", "alltoall_base", "all_to_all", "all_to_all_single")
-#: Ops whose members may legitimately send different sizes or dtypes (or none).
-_UNEVEN = ("alltoall", "alltoall_base", "all_to_all", "scatter", "gather", "barrier")
+#: Ops whose members may legitimately send different sizes or dtypes (or none): an all-to-all's
+#: splits may be uneven (its check is the totals, below), a scatter's or gather's root differs.
+_UNEVEN = _ALL_TO_ALLS + ("scatter", "gather", "barrier")
 
 
 def _sql_names(names: tuple[str, ...]) -> str:

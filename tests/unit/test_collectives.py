@@ -122,6 +122,26 @@ def test_a_gather_or_scatter_that_breaks_the_expansion_rule_on_every_rank_is_a_s
     assert "expansion rule" in report.findings[0].detail
 
 
+@pytest.mark.parametrize("op", ["alltoall_base", "all_to_all_single"])
+@pytest.mark.parametrize("lost", [0, 1])
+def test_an_all_to_all_with_uneven_splits_is_judged_by_its_totals(tmp_path, op, lost):
+    """Rank r sends 10 + r elements and receives 13 - r: every rank's sizes differ, yet the totals
+    agree (46 each way), which is healthy; one element lost makes the totals disagree."""
+    for rank in range(4):
+        entries = [entry(i, i + 1, "all_reduce") for i in range(10)]
+        call = entry(10, 11, op)
+        call["input_sizes"], call["output_sizes"] = [[10 + rank]], [[13 - rank - (lost if rank == 0 else 0)]]
+        dump = {"version": "2.10", "entries": entries + [call],
+                "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(4)))}}}
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps(dump))
+    report, _ = diagnose_directory(tmp_path, prefix="rank_")
+    if not lost:
+        assert report.findings == [] and report.verdict == "healthy"
+    else:
+        assert [(f.kind, f.seq, f.expected, f.actual) for f in report.findings] == [("size_mismatch", 11, 46, 45)]
+        assert "all-to-all" in report.findings[0].detail
+
+
 def test_mismatch_cap_and_missing_dumps(tmp_path):
     job = write_job(tmp_path / "job", "wrong_op")
     (job / "rank_3").unlink()
