@@ -6,7 +6,10 @@ all-gather/reduce-scatter, data-parallel all-reduce; rank 5 issues a wrong op tw
 runs, as separate processes, ``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix
 rank_`` and ``rankstream diagnose DIR --prefix rank_ --json``, and prints each one's verdict,
 culprit ranks, wall time and peak RSS (the whole process tree, sampled every 50 ms), plus
-rankstream's analysis time on data already in DuckDB.
+rankstream's analysis time on data already in DuckDB, and the reading floor: the CPU that
+unpickling and converting a sample of the dumps takes in this process (the work
+``rankstream diagnose``'s reader processes do per file, Parquet aside), times the number of dumps,
+over the cores. No schedule of the reading can end sooner than that.
 
 Usage: python bench/fr_vs_official.py [--sizes 64x2000,512x2000,2048x2000,8192x2000] [--official-max-ranks 512]
 The official analyzer is skipped above ``--official-max-ranks`` (measured here: 190 s and 7.7 GB at
@@ -56,6 +59,29 @@ def materialized_analysis_s(directory: Path) -> float:
     return time.monotonic() - started
 
 
+def reading_floor_s(directory: Path, ranks: int, sample: int = 64) -> dict[str, float]:
+    """CPU seconds per dump for unpickling and for the whole per-file step of the reader
+    processes, measured on ``sample`` dumps; and that step for all ``ranks`` dumps over the cores."""
+    import os
+
+    from rankstream.flows.dump_loader import _load_file as load_one_dump  # a reader process's per-file step
+    from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
+    from rankstream.producers.importing import paused_gc
+
+    files = list_fr_files(directory, "rank_", None)[:sample]
+    with paused_gc():  # as in the reader processes
+        started = time.process_time()
+        for _, path in files:
+            parse_dump_bytes(path.read_bytes())
+        unpickled = time.process_time()
+        for rank, path in files:
+            load_one_dump(path, rank, "bench", False, False)
+        loaded = time.process_time()
+    per_dump = (loaded - unpickled) / len(files)
+    return {"unpickle_ms": (unpickled - started) / len(files) * 1000, "per_dump_ms": per_dump * 1000,
+            "floor_s": per_dump * ranks / (os.cpu_count() or 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="64x2000,512x2000,2048x2000,8192x2000")
@@ -81,7 +107,7 @@ def main() -> None:
         except (ValueError, IndexError, KeyError):
             ours = (f"error (exit {code})", [])
         row = {"size": f"{ranks} x {entries}", "rankstream": ours, "rankstream_s": wall, "rankstream_mb": rss,
-               "analysis_only_s": materialized_analysis_s(directory)}
+               "analysis_only_s": materialized_analysis_s(directory), **reading_floor_s(directory, ranks)}
         if ranks <= args.official_max_ranks:
             output, wall, rss, code = run_measured([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
                                                     str(directory), "--prefix", "rank_"], timeout_s=3600)
@@ -92,7 +118,7 @@ def main() -> None:
 
     print(f"\nrankstream diagnose vs torch fr_trace (fault {args.fault} on rank {args.fault_rank})")
     print(f"{'size':>14} | {'rankstream verdict':>24} {'s':>7} {'MB':>7} {'analysis s':>10} | "
-          f"{'fr_trace verdict':>24} {'s':>7} {'MB':>7} | speed-up")
+          f"{'fr_trace verdict':>24} {'s':>7} {'MB':>7} | speed-up | reading floor")
     for row in rows:
         ours = f"{row['rankstream'][0]} {row['rankstream'][1]}"
         line = (f"{row['size']:>14} | {ours:>24} {row['rankstream_s']:7.1f} {row['rankstream_mb']:7.0f} "
@@ -102,7 +128,9 @@ def main() -> None:
             line += (f"{theirs:>24} {row['official_s']:7.1f} {row['official_mb']:7.0f} | "
                      f"{row['official_s'] / row['rankstream_s']:.1f}x")
         else:
-            line += f"{'(not run)':>24}"
+            line += f"{'(not run)':>24} {'':>7} {'':>7} |         "
+        line += (f" | {row['floor_s']:.1f} s ({row['per_dump_ms']:.1f} ms per dump, "
+                 f"unpickling {row['unpickle_ms']:.1f})")
         print(line)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)

@@ -15,6 +15,13 @@ included), (c)/(b) and (c)/(a), and the training thread's time per
 window in the ``on_trace_ready`` handler for (b) and (c). Targets (issue 3): (c)/(b) <= 1.0 and
 (c)'s handler time per window no more than export_chrome_trace's.
 
+Last, the floor under (c)/(b): in one process, the same model and schedule without gloo, the CPU
+that only reading each window through torch's Python bindings takes (``trace_activities()`` and
+the nine fields rankstream keeps, as ``producers.profiler.window_columns`` reads them), against the
+CPU of ``export_chrome_trace`` on the same windows, which does all of (b)'s work in C++. When the
+reading alone costs as much as the export, streaming (which also encodes, sends, and runs the
+Flight Recorder tap and heartbeats) cannot cost a step less than (b) on cores the ranks keep busy.
+
 Usage: python bench/overhead.py [--steps 200] [--batch 256]
 """
 
@@ -108,6 +115,47 @@ def worker(rank: int, world: int, port: int, mode: str, steps: int, batch: int, 
         Path(out, f"{mode}.json").write_text(json.dumps({"step_s": step_s[WARMUP_STEPS:], "handler_s": handler_s}))
 
 
+#: What ``window_columns`` reads from every Kineto activity, one binding call each.
+ACTIVITY_FIELDS = ("name", "type", "timestamp", "duration", "device_id", "resource_id", "flow_id", "correlation_id",
+                   "metadata_json")
+
+
+def window_floor(batch: int, steps: int = 100) -> dict[str, float]:
+    """Median CPU ms per window: reading it through the bindings, and ``export_chrome_trace``."""
+    import torch
+    import torch.profiler as tp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    reading, export, events = [], [], []
+    folder = tempfile.mkdtemp(prefix="rankstream-floor-")
+
+    def handler(prof) -> None:
+        started = time.thread_time()
+        activities = prof.profiler.kineto_results.trace_activities()
+        kind = type(activities[0])
+        for field in ACTIVITY_FIELDS:
+            list(map(getattr(kind, field), activities))
+        read = time.thread_time()
+        prof.export_chrome_trace(str(Path(folder) / "window.json"))
+        reading.append(read - started)
+        export.append(time.thread_time() - read)
+        events.append(len(activities))
+
+    with tp.profile(activities=[tp.ProfilerActivity.CPU], schedule=tp.schedule(**SCHEDULE), record_shapes=True,
+                    on_trace_ready=handler) as profiler:
+        for _ in range(steps):
+            inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            profiler.step()
+    return {"reading_ms": statistics.median(reading) * 1000, "export_ms": statistics.median(export) * 1000,
+            "events": statistics.median(events), "windows": len(events)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
@@ -146,9 +194,14 @@ def main() -> None:
     print(f"  (c)/(b) step time {mean['rankstream'] / mean['export']:.3f} (target <= 1.0)   "
           f"(c)/(a) {mean['rankstream'] / mean['none']:.3f}")
     print(f"  handler time per window (c)/(b) {handler['rankstream'] / handler['export']:.3f} (target <= 1.0)")
+    floor = window_floor(args.batch)
+    print(f"  floor: reading a window ({floor['events']:.0f} events, median of {floor['windows']}) through torch's "
+          f"bindings {floor['reading_ms']:.2f} ms CPU, export_chrome_trace {floor['export_ms']:.2f} ms CPU "
+          f"(ratio {floor['reading_ms'] / floor['export_ms']:.2f})")
     results_dir = Path(__file__).parent / "results"
     results_dir.mkdir(exist_ok=True)
-    (results_dir / "overhead.json").write_text(json.dumps({"mean_step_s": mean, "handler_s": handler}, indent=2))
+    (results_dir / "overhead.json").write_text(json.dumps({"mean_step_s": mean, "handler_s": handler,
+                                                          "window_floor": floor}, indent=2))
 
 
 if __name__ == "__main__":
