@@ -50,7 +50,13 @@ _TICKS_PER_FLUSH = 2
 
 @dataclass(frozen=True, slots=True)
 class ProducerStats:
-    """Counters of one producer. ``events_*`` count trace events; control messages are not events."""
+    """Counters of one producer. ``events_*`` count trace events; control messages are not events.
+
+    Every emitted event is, or will be, sent, spooled or dropped: ``events_emitted`` counts the
+    events taken in (queued, or refused at once while the spool refuses, which the sender would
+    have dropped). ``events_dropped`` counts every lost event: dropped by the delivery, refused,
+    and those turned away because the queue was full, which were never taken in and so are not
+    in ``events_emitted``."""
 
     events_emitted: int
     events_sent: int
