@@ -273,6 +273,7 @@ def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild:
     if connection is None:
         return MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
     try:
+        connection.execute(f"SET memory_limit = '{config.materializer_memory_mb}MB'")
         store = Store(connection)
         if rebuild:
             store.reset()

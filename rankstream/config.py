@@ -122,12 +122,18 @@ class Config:
     partitions: int = 8
     #: Port of the embedded broker on 127.0.0.1 (used when kafka.bootstrap_servers is unset).
     broker_port: int = 29092
+    #: DuckDB's memory limit in the materializer, for its own writes and the queries it serves
+    #: (beyond it they spill to ``<db_path>.tmp``). DuckDB's default, 80% of RAM, lets its cache of
+    #: the file's blocks grow with the data a run has written, on the training job's machine.
+    materializer_memory_mb: int = 256
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     producer: ProducerSettings = field(default_factory=ProducerSettings)
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise ConfigError(f"partitions={self.partitions!r} must be at least 1")
+        if self.materializer_memory_mb < 64:
+            raise ConfigError(f"materializer_memory_mb={self.materializer_memory_mb!r} must be at least 64")
         if not 0 < self.broker_port < 65536:
             raise ConfigError(f"broker_port={self.broker_port!r} is not a TCP port")
         if not self.topic_prefix or any(c in self.topic_prefix for c in " /\\"):

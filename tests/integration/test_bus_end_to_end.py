@@ -131,7 +131,7 @@ def test_materializer_killed_mid_batch_ends_exact_after_restart(kafka_config):
 
 
 def test_sql_is_live_while_the_materializer_holds_the_file(kafka_config):
-    config = kafka_config()
+    config = kafka_config(materializer_memory_mb=96)
     env = {**os.environ, **config_env(config)}
     process = subprocess.Popen([sys.executable, "-m", "rankstream", "consume"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -141,6 +141,10 @@ def test_sql_is_live_while_the_materializer_holds_the_file(kafka_config):
             time.sleep(0.05)
         database = connect(config.db_path, wait_s=30)
         assert database.fetchall("SELECT count(*) FROM trace_events") == [(0,)]
+        reference = duckdb.connect()
+        reference.execute("SET memory_limit = '96MB'")  # the materializer's DuckDB is capped as configured
+        assert database.fetchall("SELECT current_setting('memory_limit')") == reference.execute(
+            "SELECT current_setting('memory_limit')").fetchall()
         producer = Producer(run_id="live", rank=0, world_size=1, config=config)
         seen_at = None
         emitted_at = time.monotonic()

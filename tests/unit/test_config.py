@@ -32,6 +32,12 @@ def test_bad_value_names_key_value_and_source():
     assert "RANKSTREAM_PARTITIONS" in str(error.value)
 
 
+def test_a_materializer_memory_limit_too_small_for_duckdb_is_refused():
+    assert load_config(env={"RANKSTREAM_MATERIALIZER_MEMORY_MB": "64"}).materializer_memory_mb == 64
+    with pytest.raises(ConfigError, match="materializer_memory_mb=63 must be at least 64"):
+        load_config(env={"RANKSTREAM_MATERIALIZER_MEMORY_MB": "63"})
+
+
 def test_unknown_setting_is_refused_with_the_known_ones_listed():
     with pytest.raises(ConfigError, match="unknown setting 'db_pth'.*db_path"):
         load_config({"db_pth": "x"}, env={})
