@@ -9,6 +9,11 @@ run that is still heartbeating, per group:
   that collective (its op and creation time come from the FR entries), the members behind never
   reached it and are the culprits, each with its last enqueued/completed collective, its last
   heartbeat and its last published stack (``idle_outside_collectives`` or ``stalled_in_collective``);
+* when every member reached the head but one of them has not completed it, the group is stuck in
+  it: if the members' Flight Recorder entries for that sequence number name different ops (a rank
+  that skipped a collective has moved on to its next one), the finding is ``mismatched_collective``
+  and the ranks whose op differs from the majority's are the culprits (none on a tie); if they
+  agree, it is ``stuck_collective`` with no culprit (the backend or the network);
 * a rank whose heartbeats stopped for ``dead_s`` while its peers' continue is dead (reported
   separately, as ``dead_rank``).
 
@@ -102,22 +107,47 @@ def detect(con: duckdb.DuckDBPyConnection, now_ns: int | None = None, stall_s: f
         )
         SELECT h.run_id, h.pg, h.head, r.since,
                list(l.rank ORDER BY l.rank) FILTER (WHERE l.enqueued = h.head) AS waiting,
-               list(l.rank ORDER BY l.rank) FILTER (WHERE l.enqueued < h.head) AS behind
+               coalesce(list(l.rank ORDER BY l.rank) FILTER (WHERE l.enqueued < h.head), []) AS behind
         FROM heads h JOIN reached r USING (run_id, pg) JOIN latest l USING (run_id, pg)
         WHERE r.since <= $now - $stall GROUP BY ALL
-        HAVING count(*) FILTER (WHERE l.enqueued < h.head) > 0
+        -- somebody is behind the head, or somebody has not completed it (a group idle between
+        -- collectives, every member done with the last one, is not hung)
+        HAVING count(*) FILTER (WHERE l.enqueued < h.head OR coalesce(l.completed, h.head) < h.head) > 0
     """, params={"now": now_ns, "stall": stall_ns}).fetchall()
     findings = []
     for run_id, pg, head, since, waiting, behind in groups:
-        culprits = [r for r in behind if (run_id, r) not in dead_ranks] or behind
-        entry = con.execute("SELECT split_part(profiling_name, ':', 2), min(time_created_ns) FROM fr_entries "
-                            "WHERE run_id = ? AND pg_name = ? AND collective_seq_id = ? GROUP BY 1 LIMIT 1",
-                            [run_id, pg, head]).fetchone()
-        details = {str(rank): _rank_detail(con, run_id, rank, pg) for rank in culprits}
-        findings.append(LiveFinding(run_id, "hang", pg, head, entry[0] if entry else None,
-                                    (entry[1] if entry and entry[1] else since), culprits, waiting, details))
+        ops = dict(con.execute("SELECT rank, any_value(split_part(profiling_name, ':', 2)) FROM fr_entries "
+                               "WHERE run_id = ? AND pg_name = ? AND collective_seq_id = ? GROUP BY rank",
+                               [run_id, pg, head]).fetchall())
+        created = con.execute("SELECT min(time_created_ns) FROM fr_entries WHERE run_id = ? AND pg_name = ? "
+                              "AND collective_seq_id = ?", [run_id, pg, head]).fetchone()[0]
+        if behind:
+            kind, culprits = "hang", [r for r in behind if (run_id, r) not in dead_ranks] or behind
+            op = next((ops[r] for r in waiting if r in ops), None)
+        else:
+            kind, op, culprits, waiting = _at_the_head(ops, waiting)
+        details = {str(rank): {**_rank_detail(con, run_id, rank, pg), **({"op": ops[rank]} if rank in ops else {})}
+                   for rank in culprits}
+        findings.append(LiveFinding(run_id, kind, pg, head, op, created or since, culprits, waiting, details))
     con.execute("DROP TABLE IF EXISTS _progress")
     return findings + dead
+
+
+def _at_the_head(ops: dict[int, str], members: list[int]) -> tuple[str, str | None, list[int], list[int]]:
+    """Every member reached the head and it is not done: (kind, op, culprits, waiting). The op most
+    members issued is the one the group waits in; the ranks that issued another are the culprits,
+    unless no op has a strict majority."""
+    counts: dict[str, int] = {}
+    for rank in members:
+        if rank in ops:
+            counts[ops[rank]] = counts.get(ops[rank], 0) + 1
+    if len(counts) <= 1:
+        return "stuck_collective", next(iter(counts), None), [], members
+    op, votes = max(counts.items(), key=lambda item: item[1])
+    if votes * 2 <= sum(counts.values()):
+        return "mismatched_collective", None, [], members
+    return ("mismatched_collective", op, [r for r in members if r in ops and ops[r] != op],
+            [r for r in members if ops.get(r) == op])
 
 
 def _rank_detail(con, run_id: str, rank: int, pg: str) -> dict:

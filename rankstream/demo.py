@@ -56,8 +56,9 @@ def _synthetic_rank(run_id: str, rank: int, world_size: int, steps: int, config:
 
 
 def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fault_rank: int,
-            synthetic: bool, report_dir: str) -> list[int]:
-    """Run one process per rank and wait for all of them; returns their exit codes."""
+            synthetic: bool, report_dir: str, while_running) -> list[int]:
+    """Run one process per rank and wait for all of them, calling ``while_running()`` about twice a
+    second meanwhile; returns their exit codes."""
     if synthetic:
         context = multiprocessing.get_context("spawn")
         workers = [context.Process(target=_synthetic_rank, args=(run_id, r, ranks, steps, config))
@@ -70,9 +71,34 @@ def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fau
         spec = JobSpec(run_id=run_id, world_size=ranks, steps=steps, fault=fault, fault_rank=fault_rank,
                        master_port=_free_port(), report_dir=report_dir)
         workers = start_job(spec, config_env(config))
+    deadline = time.monotonic() + 600
+    while any(worker.is_alive() for worker in workers) and time.monotonic() < deadline:
+        while_running()
+        time.sleep(0.5)
     for worker in workers:
-        worker.join(timeout=600)
+        worker.join(timeout=max(0.0, deadline - time.monotonic()))
     return [worker.exitcode for worker in workers]
+
+
+class _LiveFindings:
+    """Prints each live finding of the run (the materializer's hang watch) once, while the job runs."""
+
+    def __init__(self, database, run_id: str, console: Console) -> None:
+        self._database, self._run_id, self._console = database, run_id, console
+        self._seen: set[tuple] = set()
+
+    def __call__(self) -> None:
+        from rankstream.status import live_finding_line, live_findings
+
+        try:
+            findings = live_findings(self._database, self._run_id)
+        except Exception:  # the materializer is busy or restarting: the next call tries again
+            return
+        for finding in findings:
+            key = (finding["kind"], finding["pg_name"], finding["seq"], tuple(finding["culprit_ranks"]))
+            if key not in self._seen:
+                self._seen.add(key)
+                self._console.print("live, while the job runs: " + live_finding_line(finding))
 
 
 def _wait_caught_up(database, run_id: str, timeout_s: float = 60.0) -> int:
@@ -106,7 +132,9 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
     report_dir = tempfile.mkdtemp(prefix="rankstream-demo-")
     try:
         began = time.monotonic()
-        codes = _launch(config, run_id, ranks, steps, fault, fault_rank, synthetic, report_dir)
+        database = connect(config.db_path)
+        codes = _launch(config, run_id, ranks, steps, fault, fault_rank, synthetic, report_dir,
+                        _LiveFindings(database, run_id, console))
         from rankstream.demo_job import read_reports
 
         reports = read_reports(report_dir)
@@ -115,7 +143,6 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
         for rank, report in sorted(reports.items()):
             if "error" in report:
                 console.print(f"  rank {rank} stopped: {report['error']}", markup=False, highlight=False)
-        database = connect(config.db_path)
         stored = _wait_caught_up(database, run_id)
         console.print(f"materialized {stored:,} trace events in {config.db_path}")
         for rank, report in sorted(reports.items()):

@@ -76,10 +76,35 @@ def collect_status(config: Config) -> dict[str, Any]:
     database = connect(config.db_path)
     report["runs"] = database.arrow(RUNS_SQL).to_pylist()
     report["rejects"] = database.fetchall("SELECT count(*) FROM rejects")[0][0]
-    report["live_findings"] = database.arrow(
-        "SELECT run_id, kind, pg_name, seq, op, culprit_ranks, waiting_ranks, "
-        "round((detected_ns - since_ns) / 1e9, 1) AS for_s FROM live_findings ORDER BY run_id, kind").to_pylist()
+    report["live_findings"] = live_findings(database)
     return report
+
+
+def live_findings(database, run_id: str | None = None) -> list[dict]:
+    """The hang watch's current findings (of one run, or all), with how long each has lasted."""
+    return database.arrow(
+        "SELECT run_id, kind, pg_name, seq, op, culprit_ranks, waiting_ranks, "
+        "round((detected_ns - since_ns) / 1e9, 1) AS for_s, detail "
+        "FROM live_findings WHERE $run IS NULL OR run_id = $run "
+        "ORDER BY run_id, kind, pg_name", {"run": run_id}).to_pylist()
+
+
+def live_finding_line(finding: dict) -> str:
+    """One line of console markup for a live finding."""
+    where = (f"run {finding['run_id']}: ranks {finding['waiting_ranks']} wait in {finding['op'] or 'collective'} "
+             f"#{finding['seq']} of group {finding['pg_name']} for {finding['for_s']} s")
+    if finding["kind"] == "hang":
+        return f"[bold red]HANG[/] {where}; ranks {finding['culprit_ranks']} never reached it"
+    if finding["kind"] == "mismatched_collective":
+        detail = json.loads(finding.get("detail") or "{}")
+        issued = ", ".join(f"rank {rank} issued {detail.get(str(rank), {}).get('op', '?')}"
+                           for rank in finding["culprit_ranks"])
+        return (f"[bold red]HANG[/] {where}; at that sequence number "
+                + (f"{issued} instead" if issued else "no op has a majority"))
+    if finding["kind"] == "stuck_collective":
+        return f"[bold red]STUCK[/] {where}; every member is in it and it has not completed"
+    return f"[bold red]DEAD[/] run {finding['run_id']}: ranks {finding['culprit_ranks']} stopped heartbeating " \
+           f"{finding['for_s']} s ago"
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:
@@ -108,11 +133,6 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         console.print("not resent: events acknowledged by a broker that then restarted without its log, after the "
                       "producer's resend window had let them go; missing msgs: sequence gaps in what arrived")
     for finding in report["live_findings"]:
-        if finding["kind"] == "hang":
-            console.print(f"[bold red]HANG[/] run {finding['run_id']}: ranks {finding['waiting_ranks']} wait in "
-                          f"{finding['op']} #{finding['seq']} of group {finding['pg_name']} for {finding['for_s']} s; "
-                          f"ranks {finding['culprit_ranks']} never reached it (details: the live_findings table)")
-        else:
-            console.print(f"[bold red]DEAD[/] run {finding['run_id']}: ranks {finding['culprit_ranks']} stopped "
-                          f"heartbeating {finding['for_s']} s ago")
+        console.print(live_finding_line(finding) + (" (details: the live_findings table)"
+                                                    if finding["kind"] != "dead_rank" else ""))
     console.print(f"rejected messages: {report['rejects']}" + (" (see the rejects table)" if report["rejects"] else ""))

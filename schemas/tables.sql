@@ -143,7 +143,7 @@ CREATE TABLE IF NOT EXISTS findings (
 CREATE TABLE IF NOT EXISTS live_findings (
     run_id          VARCHAR NOT NULL,
     detected_ns     BIGINT NOT NULL,
-    kind            VARCHAR NOT NULL,   -- hang or dead_rank
+    kind            VARCHAR NOT NULL,   -- hang, mismatched_collective, stuck_collective or dead_rank
     pg_name         VARCHAR,
     seq             BIGINT,             -- the collective the other ranks wait in
     op              VARCHAR,
