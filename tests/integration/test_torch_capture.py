@@ -1,5 +1,6 @@
 """Real torch.distributed (gloo) jobs streamed through the real broker into DuckDB."""
 
+import contextlib
 import json
 import time
 import uuid
@@ -80,11 +81,22 @@ def test_a_crashed_ranks_earlier_events_survive(live, tmp_path):
     assert stored_events(database, spec.run_id, rank=1) >= emitted_before > 0
 
 
-def test_a_hung_ranks_entries_appear_while_it_is_hung(live, tmp_path):
-    spec = job(live, tmp_path, fault="hang", fault_rank=1, steps=6, collective_timeout_s=60)
+@contextlib.contextmanager
+def running_job(live, tmp_path, **overrides):
+    """A job started in the background (``(spec, processes, database)``), killed at the end."""
+    spec = job(live, tmp_path, **overrides)
     processes = start_job(spec, config_env(live))
-    database = connect(live.db_path)
     try:
+        yield spec, processes, connect(live.db_path)
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+
+
+def test_a_hung_ranks_entries_appear_while_it_is_hung(live, tmp_path):
+    with running_job(live, tmp_path, fault="hang", fault_rank=1, steps=6, collective_timeout_s=60) as (
+            spec, processes, database):
         deadline = time.monotonic() + 45
         seen = None
         while time.monotonic() < deadline:
@@ -101,10 +113,6 @@ def test_a_hung_ranks_entries_appear_while_it_is_hung(live, tmp_path):
         beats = database.fetchall("SELECT rank, count(*) FROM heartbeats WHERE run_id = ? GROUP BY rank "
                                   "ORDER BY rank", [spec.run_id])
         assert [r for r, _ in beats] == [0, 1]
-    finally:
-        for process in processes:
-            process.kill()
-            process.join()
 
 
 def wait_for_live_finding(database, run_id: str, kind: str, processes) -> dict:
@@ -122,34 +130,22 @@ def wait_for_live_finding(database, run_id: str, kind: str, processes) -> dict:
 
 
 def test_live_hang_finding_while_the_job_is_still_hung(live, tmp_path):
-    spec = job(live, tmp_path, fault="stall", fault_rank=2, world_size=4, steps=6, collective_timeout_s=60)
-    processes = start_job(spec, config_env(live))
-    database = connect(live.db_path)
-    try:
+    with running_job(live, tmp_path, fault="stall", fault_rank=2, world_size=4, steps=6, collective_timeout_s=60) as (
+            spec, processes, database):
         found = wait_for_live_finding(database, spec.run_id, "hang", processes)
         assert (found["pg_name"], found["op"], found["culprit_ranks"], found["waiting_ranks"]) == (
             "0", "all_reduce", [2], [0, 1, 3])
         detail = json.loads(found["detail"])["2"]
         assert detail["last_enqueued"] == found["seq"] - 1
         assert any(f["name"] == "train_rank" for f in detail["frames"])  # where the stuck rank is
-    finally:
-        for process in processes:
-            process.kill()
-            process.join()
 
 
 def test_live_finding_for_a_rank_that_skipped_a_collective_and_issued_the_next_one(live, tmp_path):
     """Rank 2 skips the all-reduce of step 5, which a broadcast follows: every rank is at the same
     sequence number of the default group, rank 2 in a broadcast, its peers in the all-reduce."""
-    spec = job(live, tmp_path, fault="hang", fault_rank=2, world_size=4, steps=10, collective_timeout_s=60)
-    processes = start_job(spec, config_env(live))
-    database = connect(live.db_path)
-    try:
+    with running_job(live, tmp_path, fault="hang", fault_rank=2, world_size=4, steps=10, collective_timeout_s=60) as (
+            spec, processes, database):
         found = wait_for_live_finding(database, spec.run_id, "mismatched_collective", processes)
         assert (found["pg_name"], found["op"], found["culprit_ranks"], found["waiting_ranks"]) == (
             "0", "all_reduce", [2], [0, 1, 3])
         assert json.loads(found["detail"])["2"]["op"] == "broadcast"
-    finally:
-        for process in processes:
-            process.kill()
-            process.join()
