@@ -39,27 +39,36 @@ __all__ = ["write_timeline", "TimelineResult", "COLLECTIVES_TID_BASE"]
 COLLECTIVES_TID_BASE = 1 << 40
 _US = "round(({ts} - $t0) / 1000.0, 3)"
 
+#: One slice of one rank. The slice's bounds are moved onto the rank's own clock ($own_lo, $own_hi:
+#: the aligned bounds plus its offset) rather than every stored time onto the aligned one, so the
+#: scan reads only the row groups of the slice; a slice used to cost a pass over the whole run.
 _EVENTS_SQL = f"""
 WITH window_events AS (
-    SELECT * FROM aligned_events WHERE run_id = $run AND rank = $rank AND ts_ns >= $lo AND ts_ns < $hi
+    SELECT * FROM trace_events WHERE run_id = $run AND rank = $rank AND ts_ns >= $own_lo AND ts_ns < $own_hi
+), spans AS (
+    SELECT tid, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, false AS unfinished, args
+    FROM window_events WHERE ph = 'X' AND dur_ns >= 0
+    UNION ALL
+    SELECT tid, name, cat, start_ns, end_ns, unfinished, args
+    FROM run_span_pairs($run) WHERE rank = $rank AND start_ns >= $own_lo AND start_ns < $own_hi
 )
-SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'X', ts: {_US.format(ts="start_ns")},
-                dur: round((end_ns - start_ns) / 1000.0, 3), pid: rank, tid: tid,
+SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'X', ts: {_US.format(ts="start_ns - $offset")},
+                dur: round((end_ns - start_ns) / 1000.0, 3), pid: $rank, tid: tid,
                 args: CASE WHEN unfinished THEN json_merge_patch(coalesce(TRY_CAST(args AS JSON), '{{}}'),
                                                                  '{{"unfinished": true}}')
                            ELSE coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON) END}}) AS line
-FROM run_intervals($run) WHERE rank = $rank AND start_ns >= $lo AND start_ns < $hi
+FROM spans
 UNION ALL
-SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'i', s: 't', ts: {_US.format(ts="ts_ns")}, pid: pid, tid: tid,
-                args: coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON)}})
+SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'i', s: 't', ts: {_US.format(ts="ts_ns - $offset")},
+                pid: $rank, tid: tid, args: coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON)}})
 FROM window_events WHERE ph IN ('i', 'I', 'n')
 UNION ALL
-SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'C', ts: {_US.format(ts="ts_ns")}, pid: pid, tid: tid,
-                args: coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON)}})
+SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'C', ts: {_US.format(ts="ts_ns - $offset")}, pid: $rank,
+                tid: tid, args: coalesce(TRY_CAST(args AS JSON), '{{}}'::JSON)}})
 FROM window_events WHERE ph = 'C'
 UNION ALL
-SELECT to_json({{name: name, cat: coalesce(cat, 'flow'), ph: ph, ts: {_US.format(ts="ts_ns")}, pid: pid, tid: tid,
-                id: flow_id, bp: 'e'}})
+SELECT to_json({{name: name, cat: coalesce(cat, 'flow'), ph: ph, ts: {_US.format(ts="ts_ns - $offset")}, pid: $rank,
+                tid: tid, id: ($rank::BIGINT << 40) | flow_id, bp: 'e'}})
 FROM window_events WHERE ph IN ('s', 't', 'f') AND flow_id IS NOT NULL
 UNION ALL
 SELECT CASE WHEN end_ns > start_ns
@@ -244,10 +253,14 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
             writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
             try:
                 for rank in chosen:
-                    values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE}
+                    offset = database.fetchall("SELECT coalesce(any_value(offset_ns), 0) FROM rank_offsets($1) "
+                                               "WHERE rank = $2", [run_id, rank])[0][0]
+                    values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE,
+                              "offset": offset}
                     writer.write_lines(_lines(database, _METADATA_SQL, values))
-                    for lo, hi in _slices(database, run_id, rank, part.lo, part.hi):
-                        writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi}))
+                    for lo, hi in _slices(database, run_id, rank, part.lo, part.hi, offset):
+                        writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi,
+                                                                          "own_lo": lo + offset, "own_hi": hi + offset}))
                 writer.write_lines(_lines(database, _FINDINGS_SQL, {  # global markers; pid only places them
                     "run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last, "pid": chosen[0]}))
             finally:
@@ -266,15 +279,17 @@ def _lines(database, sql: str, values: dict) -> list[str]:
     return database.arrow(sql, bind(sql, values)).column(0).to_pylist()
 
 
-def _slices(database, run_id: str, rank: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """[lo, hi) cut so that each piece holds about ``SLICE_EVENTS`` of the rank's events."""
-    count = database.fetchall("SELECT count(*) FROM aligned_events WHERE run_id = $1 AND rank = $2 "
-                              "AND ts_ns >= $3 AND ts_ns < $4", [run_id, rank, lo, hi])[0][0]
+def _slices(database, run_id: str, rank: int, lo: int, hi: int, offset: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut so that each piece holds about ``SLICE_EVENTS`` of the rank's events (counted on
+    the rank's own clock, ``offset`` ahead of the aligned one, so the scan is pruned by time too)."""
+    own = [run_id, rank, lo + offset, hi + offset]
+    count = database.fetchall("SELECT count(*) FROM trace_events WHERE run_id = $1 AND rank = $2 "
+                              "AND ts_ns >= $3 AND ts_ns < $4", own)[0][0]
     if count <= SLICE_EVENTS:
         return [(lo, hi)]
     pieces = -(-count // SLICE_EVENTS)
-    cuts = database.fetchall("SELECT list_distinct(quantile_disc(ts_ns, $5)) FROM aligned_events WHERE run_id = $1 "
+    cuts = database.fetchall("SELECT list_distinct(quantile_disc(ts_ns, $5)) FROM trace_events WHERE run_id = $1 "
                              "AND rank = $2 AND ts_ns >= $3 AND ts_ns < $4",
-                             [run_id, rank, lo, hi, [i / pieces for i in range(1, pieces)]])[0][0]
-    bounds = [lo, *sorted(c for c in cuts if lo < c < hi), hi]
+                             [*own, [i / pieces for i in range(1, pieces)]])[0][0]
+    bounds = [lo, *sorted(c - offset for c in cuts if lo < c - offset < hi), hi]
     return list(zip(bounds, bounds[1:]))

@@ -379,10 +379,10 @@ CREATE OR REPLACE MACRO tensor_bytes(sizes, dtypes) AS coalesce(list_sum(list_tr
 CREATE OR REPLACE MACRO rank_offsets(run) AS TABLE
 SELECT rank, offset_ns FROM clock_offsets WHERE run_id = run AND chosen;
 
--- Every span of a run as an interval on the aligned clock: X events as they are, B/E pairs matched
--- per thread the way a trace viewer nests them (an E closes the innermost open B). A B whose E never
--- came (the rank died or is still inside it) ends at the rank's last event, flagged unfinished.
-CREATE OR REPLACE MACRO run_intervals(run) AS TABLE
+-- A run's B/E pairs as intervals on each rank's own clock, matched per thread the way a trace viewer
+-- nests them (an E closes the innermost open B). A B whose E never came (the rank died or is still
+-- inside it) ends at the rank's last event, flagged unfinished. A filter on rank reaches the scans.
+CREATE OR REPLACE MACRO run_span_pairs(run) AS TABLE
 WITH spans AS (
     SELECT rank, tid, name, cat, ph, ts_ns, step, args,
            sum(CASE WHEN ph = 'B' THEN 1 ELSE -1 END) OVER (
@@ -393,15 +393,21 @@ WITH spans AS (
     FROM (SELECT *, CASE WHEN ph = 'B' THEN depth ELSE depth + 1 END AS level FROM spans)
 ), last_seen AS (
     SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events WHERE run_id = run GROUP BY rank
-), raw AS (
+)
+SELECT b.rank, b.tid, b.name, b.cat, b.ts_ns AS start_ns, coalesce(e.ts_ns, l.last_ns) AS end_ns, b.step,
+       e.ts_ns IS NULL AS unfinished, b.args
+FROM numbered b
+JOIN last_seen l ON l.rank = b.rank
+LEFT JOIN numbered e ON e.ph = 'E' AND e.rank = b.rank AND e.tid = b.tid AND e.level = b.level AND e.nth = b.nth
+WHERE b.ph = 'B';
+
+-- Every span of a run as an interval on the aligned clock: X events as they are, and the B/E pairs.
+CREATE OR REPLACE MACRO run_intervals(run) AS TABLE
+WITH raw AS (
     SELECT rank, tid, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, step, false AS unfinished, args
     FROM trace_events WHERE run_id = run AND ph = 'X' AND dur_ns >= 0
     UNION ALL
-    SELECT b.rank, b.tid, b.name, b.cat, b.ts_ns, coalesce(e.ts_ns, l.last_ns), b.step, e.ts_ns IS NULL, b.args
-    FROM numbered b
-    JOIN last_seen l ON l.rank = b.rank
-    LEFT JOIN numbered e ON e.ph = 'E' AND e.rank = b.rank AND e.tid = b.tid AND e.level = b.level AND e.nth = b.nth
-    WHERE b.ph = 'B'
+    SELECT * FROM run_span_pairs(run)
 )
 SELECT r.rank, r.tid, r.name, r.cat, r.start_ns - coalesce(o.offset_ns, 0) AS start_ns,
        r.end_ns - coalesce(o.offset_ns, 0) AS end_ns, r.step, r.unfinished, r.args

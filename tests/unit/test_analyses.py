@@ -184,6 +184,25 @@ def test_timeline_fetched_in_small_slices_is_the_same_file(db, tmp_path, monkeyp
     assert sliced.events == whole.events and load(sliced.files[0]) == load(whole.files[0])
 
 
+def test_timeline_puts_every_event_of_skewed_ranks_at_its_aligned_time(db, tmp_path, monkeypatch):
+    """Each slice is read on its rank's own clock (the slice's bounds moved by the rank's offset):
+    what comes out, sliced finely, is the aligned view itself."""
+    import rankstream.flows.timeline as timeline
+
+    built = build_run(db, steps=4, skew_ns={0: 0, 1: 37 * MS, 2: -250 * MS, 3: 1_500 * MS})
+    merge_run(db, built.run_id)
+    assert len({e["offset_ns"] for e in clock_offsets(db, built.run_id) if e["chosen"]}) == 4
+    monkeypatch.setattr(timeline, "SLICE_EVENTS", 7)
+    events = json.loads(write_timeline(db, built.run_id, tmp_path / "t.json").files[0].read_text())["traceEvents"]
+    t0 = rows(db, "SELECT min(ts_ns) AS t0 FROM aligned_events WHERE run_id = ?", [built.run_id])[0]["t0"]
+    written = sorted((e["pid"], e["name"], e["ph"], round(e["ts"] * 1000), round(e.get("dur", 0) * 1000))
+                     for e in events if e["ph"] in ("X", "i") and e.get("cat") not in ("collective", "finding"))
+    spans = rows(db, "SELECT * FROM run_intervals(?)", [built.run_id])
+    instants = rows(db, "SELECT * FROM aligned_events WHERE run_id = ? AND ph = 'i'", [built.run_id])
+    assert written == sorted([(r["rank"], r["name"], "X", r["start_ns"] - t0, r["end_ns"] - r["start_ns"]) for r in spans]
+                             + [(r["rank"], r["name"], "i", r["ts_ns"] - t0, 0) for r in instants])
+
+
 def test_the_trace_checker_finds_what_viewers_reject(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([{"ph": "B", "name": "a", "ts": 1, "pid": 0, "tid": 0},
