@@ -223,8 +223,11 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
     """
     ensure_schema(db_path)
     with connect(db_path).held() as database:
-        bounds = database.fetchall("SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)), list(DISTINCT rank ORDER BY rank) "
-                                   "FROM aligned_events WHERE run_id = $1", [run_id])[0]
+        bounds = database.fetchall(  # each rank's extent on its own clock, then moved: no per-event arithmetic
+            "SELECT min(first_ns - coalesce(o.offset_ns, 0)), max(last_ns - coalesce(o.offset_ns, 0)), "
+            "list(rank ORDER BY rank) FROM (SELECT rank, min(ts_ns) AS first_ns, max(ts_ns + coalesce(dur_ns, 0)) "
+            "AS last_ns FROM trace_events WHERE run_id = $1 GROUP BY rank) LEFT JOIN rank_offsets($1) o USING (rank)",
+            [run_id])[0]
         if bounds[0] is None:
             raise BadInput(f"{db_path}: run {run_id!r} has no trace events")
         t0, last, all_ranks = bounds
