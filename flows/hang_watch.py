@@ -116,11 +116,11 @@ def detect(con: duckdb.DuckDBPyConnection, now_ns: int | None = None, stall_s: f
     """, params={"now": now_ns, "stall": stall_ns}).fetchall()
     findings = []
     for run_id, pg, head, since, waiting, behind in groups:
-        ops = dict(con.execute("SELECT rank, any_value(split_part(profiling_name, ':', 2)) FROM fr_entries "
-                               "WHERE run_id = ? AND pg_name = ? AND collective_seq_id = ? GROUP BY rank",
-                               [run_id, pg, head]).fetchall())
-        created = con.execute("SELECT min(time_created_ns) FROM fr_entries WHERE run_id = ? AND pg_name = ? "
-                              "AND collective_seq_id = ?", [run_id, pg, head]).fetchone()[0]
+        entries = con.execute("SELECT rank, any_value(split_part(profiling_name, ':', 2)), min(time_created_ns) "
+                              "FROM fr_entries WHERE run_id = ? AND pg_name = ? AND collective_seq_id = ? GROUP BY rank",
+                              [run_id, pg, head]).fetchall()
+        ops = {rank: op for rank, op, _ in entries}
+        created = min((c for _, _, c in entries if c is not None), default=None)
         if behind:
             kind, culprits = "hang", [r for r in behind if (run_id, r) not in dead_ranks] or behind
             op = next((ops[r] for r in waiting if r in ops), None)

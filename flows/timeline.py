@@ -249,6 +249,7 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
         groups = database.fetchall("SELECT pg_name, any_value(pg_desc) FROM fr_entries WHERE run_id = $1 "
                                    "GROUP BY pg_name ORDER BY TRY_CAST(pg_name AS BIGINT), pg_name", [run_id])
         pgs, descs = [g[0] for g in groups], [g[1] for g in groups]  # track i (from 1) shows group pgs[i]
+        offsets = dict(database.fetchall("SELECT rank, offset_ns FROM rank_offsets($1)", [run_id]))
         parts = _plan(database, run_id, chosen, lo, hi, max_events)
         result = TimelineResult(split=len(parts) > 1)
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -256,8 +257,7 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
             writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
             try:
                 for rank in chosen:
-                    offset = database.fetchall("SELECT coalesce(any_value(offset_ns), 0) FROM rank_offsets($1) "
-                                               "WHERE rank = $2", [run_id, rank])[0][0]
+                    offset = offsets.get(rank) or 0
                     values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE,
                               "offset": offset}
                     writer.write_lines(_lines(database, _METADATA_SQL, values))
