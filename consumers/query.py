@@ -42,6 +42,17 @@ class Database:
         #: Inside :meth:`held`: True, then the connection every local call shares.
         self._holding = False
         self._held: duckdb.DuckDBPyConnection | None = None
+        #: Set by :meth:`over`: the one connection every call runs on, never closed here.
+        self._own: duckdb.DuckDBPyConnection | None = None
+
+    @classmethod
+    def over(cls, connection: duckdb.DuckDBPyConnection, name: str) -> "Database":
+        """A Database whose calls all run on ``connection``: a scratch database that a command
+        fills and analyzes itself (``rankstream merge`` keeps its one in memory). No server is
+        looked for and no file opened; ``name`` stands for the path in messages."""
+        database = cls(Path(name), read_only=False)
+        database._own = connection
+        return database
 
     @contextlib.contextmanager
     def held(self) -> Iterator["Database"]:
@@ -107,6 +118,8 @@ class Database:
         return execute_to_arrow(connection, sql, params)
 
     def _route(self, remote, local):
+        if self._own is not None:
+            return local()
         deadline = time.monotonic() + self.wait_s
         holder = ""
         while True:
@@ -148,9 +161,11 @@ class Database:
                 raise QueryError(str(exc)) from None
 
     def _local_call(self, work, write: bool):
-        if not self.path.exists() and not write:
+        if self._own is None and not self.path.exists() and not write:
             raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
-        if self._holding:
+        if self._own is not None:
+            connection = self._own
+        elif self._holding:
             if self._held is None:
                 self._held = duckdb.connect(str(self.path), read_only=self.read_only)
             connection = self._held
@@ -165,12 +180,15 @@ class Database:
         except PermissionError as exc:  # a script naming a procedure that is not listed
             raise QueryError(str(exc)) from None
         finally:
-            if connection is not self._held:
+            if connection is not self._held and connection is not self._own:
                 connection.close()
 
 
-def connect(db_path: str | Path | None = None, *, read_only: bool = True, wait_s: float = 10.0) -> Database:
-    """A :class:`Database` for ``db_path`` (default: the configured ``db_path``)."""
+def connect(db_path: "str | Path | Database | None" = None, *, read_only: bool = True, wait_s: float = 10.0) -> Database:
+    """A :class:`Database` for ``db_path`` (default: the configured ``db_path``); a Database
+    passed in is returned as it is, so the flows run on a scratch one too."""
+    if isinstance(db_path, Database):
+        return db_path
     if db_path is None:
         from rankstream.config import load_config
 

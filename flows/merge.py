@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankstream.consumers.query import connect
+from rankstream.consumers.query import Database, connect
 from rankstream.flows.run_tables import replace_run_rows
 
 __all__ = ["merge_run", "clock_offsets", "OFFSETS_SQL"]
@@ -106,12 +106,12 @@ WHERE e.source <> 'none' OR NOT EXISTS (SELECT 1 FROM estimates x WHERE x.rank =
 """
 
 
-def merge_run(db_path: Path, run_id: str) -> None:
+def merge_run(db_path: Path | Database, run_id: str) -> None:
     """(Re)compute ``clock_offsets`` for a run; ``aligned_events`` follows at once."""
     replace_run_rows(db_path, run_id, "merge", ["clock_offsets"], [OFFSETS_SQL])
 
 
-def clock_offsets(db_path: Path, run_id: str) -> list[dict]:
+def clock_offsets(db_path: Path | Database, run_id: str) -> list[dict]:
     """Every estimate of the run, with whether the sources agree within their bounds."""
     table = connect(db_path).arrow("""
         SELECT o.rank, o.source, o.offset_ns, o.error_ns, o.samples, o.chosen, o.detail,

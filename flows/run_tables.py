@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from rankstream.consumers.query import connect
+from rankstream.consumers.query import Database, connect
 from rankstream.consumers.query_server import PROCEDURE_PREFIX
 from rankstream.errors import BadInput, QueryError
 from rankstream.schemas.tables import SCHEMA_VERSION, ddl
@@ -42,11 +42,11 @@ def require_run(db_path: Path, run_id: str) -> None:
         raise BadInput(f"{db_path}: no data for run {run_id!r} (list runs with: rankstream sql 'FROM runs')")
 
 
-def ensure_schema(db_path: Path) -> None:
+def ensure_schema(db_path: Path | Database) -> None:
     """Bring a database written by another rankstream version up to this one's tables, views and
     macros (the analyses depend on them), once. A database that does not exist is an error here,
     not a new empty file left behind in the working directory."""
-    if not Path(db_path).exists():
+    if not isinstance(db_path, Database) and not Path(db_path).exists():
         raise QueryError(f"{db_path}: no such database yet (start the materializer: rankstream up, "
                          "or import data: rankstream import)")
     database = connect(db_path, read_only=False, wait_s=120)

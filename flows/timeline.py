@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rankstream.consumers.query import connect
+import numpy as np
+import pyarrow as pa
+
+from rankstream.consumers.query import Database, connect
 from rankstream.errors import BadInput
 from rankstream.flows.run_tables import bind, ensure_schema
 
@@ -149,27 +152,39 @@ def _parse_range(text: str | None, what: str) -> tuple[float, float] | None:
 
 
 class _Writer:
-    """The JSON object, event by event, to a plain or gzip file."""
+    """The JSON object to a plain or gzip file, a query's lines at a time."""
 
     def __init__(self, path: Path, t0_ns: int, run_id: str) -> None:
         self.path = path
         opener = gzip.open if path.name.endswith(".gz") else open
-        self._file: IO[str] = opener(path, "wt", encoding="utf-8")
-        self._file.write('{"traceEvents": [\n')
+        self._file: IO[bytes] = opener(path, "wb")
+        self._file.write(b'{"traceEvents": [\n')
         self._first = True
         self.events = 0
         self._other = {"run_id": run_id, "t0_ns": t0_ns, "clock": "aligned (see clock_offsets)", "writer": "rankstream"}
 
-    def write_lines(self, lines: list[str]) -> None:
-        if not lines:
-            return
-        self._file.write(("" if self._first else ",\n") + ",\n".join(lines))
-        self._first = False
-        self.events += len(lines)
+    def write_lines(self, lines: pa.Table) -> None:
+        """``lines``' one column holds events each led by ``LINE_SEPARATOR`` (see :func:`_lines`):
+        its data buffers are written as they are, with no Python string per event."""
+        for chunk in lines.column(0).chunks:
+            text = _text_bytes(chunk)
+            if self._first and len(text):
+                text = text[len(LINE_SEPARATOR):]  # the array's first element has none
+                self._first = False
+            self._file.write(text)
+            self.events += len(chunk)
 
     def close(self) -> None:
-        self._file.write('\n],\n"displayTimeUnit": "ms",\n"otherData": ' + json.dumps(self._other) + "}\n")
+        self._file.write(('\n],\n"displayTimeUnit": "ms",\n"otherData": ' + json.dumps(self._other) + "}\n").encode())
         self._file.close()
+
+
+def _text_bytes(strings: pa.Array) -> memoryview:
+    """A string array's values back to back, straight from its data buffer."""
+    _, offsets, data = strings.buffers()
+    width = 8 if pa.types.is_large_string(strings.type) else 4
+    ends = np.frombuffer(offsets, dtype=f"<i{width}", count=len(strings) + 1, offset=strings.offset * width)
+    return memoryview(data)[ends[0]:ends[-1]] if len(strings) else memoryview(b"")
 
 
 def _part_path(output: Path, part: _Part, count: int) -> Path:
@@ -212,7 +227,7 @@ def _plan(database, run_id: str, ranks: list[int], lo: int, hi: int, max_events:
     return [_Part(a, b, None, None, 0) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int] | None = None,
+def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks: list[int] | None = None,
                    steps: str | None = None, window: str | None = None, max_events: int = 2_000_000) -> TimelineResult:
     """Write ``run_id`` as Chrome trace JSON to ``output`` (``.json`` or ``.json.gz``).
 
@@ -278,8 +293,13 @@ def write_timeline(db_path: Path, run_id: str, output: Path, *, ranks: list[int]
 SLICE_EVENTS = 100_000
 
 
-def _lines(database, sql: str, values: dict) -> list[str]:
-    return database.arrow(sql, bind(sql, values)).column(0).to_pylist()
+#: What comes before every event line but the file's first.
+LINE_SEPARATOR = b",\n"
+
+
+def _lines(database, sql: str, values: dict) -> pa.Table:
+    """The query's lines, each led by ``LINE_SEPARATOR`` so that they can be written as one text."""
+    return database.arrow(f"SELECT concat(',', chr(10), line) FROM ({sql})", bind(sql, values))
 
 
 def _slices(database, run_id: str, rank: int, lo: int, hi: int, offset: int) -> list[tuple[int, int]]:

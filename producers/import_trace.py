@@ -56,10 +56,10 @@ from rankstream.producers.trace_columns import (Steps, as_int, event_columns, fi
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
 from rankstream.schemas.trace import TraceBatch
 
-__all__ = ["TraceFile", "scan_trace", "scan_files", "file_parts", "import_traces"]
+__all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts", "import_traces"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
-_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
+CHROME_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
 _NUMBERS = frozenset({int, float})
 
 
@@ -79,13 +79,19 @@ class TraceFile:
     session_id: str = ""
 
 
+def rank_in_name(path: Path) -> int | None:
+    """The rank a file's name gives (``rank3``, ``rank_3``, ``rank-3``), if any."""
+    match = _RANK_IN_NAME.search(path.name)
+    return int(match.group(1)) if match else None
+
+
 def _check_event(path: Path, index: int, event: Any) -> bool:
     """True for an event to import, False for one to skip ({} padding); raises on a bad one."""
     if not isinstance(event, dict):
         raise BadInput(f"{path}: event {index} is not a JSON object")
     if not event:
         return False
-    if not isinstance(event.get("ph"), str) or event["ph"] not in _PHASES:
+    if not isinstance(event.get("ph"), str) or event["ph"] not in CHROME_PHASES:
         raise BadInput(f"{path}: event {index} has no valid 'ph' phase ({event.get('ph')!r})")
     ts = event.get("ts", 0)
     if not isinstance(ts, (int, float)) or ts != ts:
@@ -106,7 +112,7 @@ def _checked(path: Path, first_index: int, chunk: list) -> list[dict]:
             times = [e.get("ts", 0) for e in events]
             durations = [e.get("dur", 0) for e in events]
             time_types = set(map(type, times))
-            if ({e.get("ph") for e in events} <= _PHASES and time_types <= _NUMBERS
+            if ({e.get("ph") for e in events} <= CHROME_PHASES and time_types <= _NUMBERS
                     and not (float in time_types and any(t != t for t in times))  # NaN
                     and set(map(type, durations)) <= _NUMBERS and min(durations, default=0) >= 0):
                 return events
@@ -162,8 +168,8 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
     if info.rank is None and distributed and isinstance(distributed.get("rank"), int):
         info.rank = distributed["rank"]
         info.world_size = distributed.get("world_size") if isinstance(distributed.get("world_size"), int) else None
-    if info.rank is None and (match := _RANK_IN_NAME.search(path.name)):
-        info.rank = int(match.group(1))
+    if info.rank is None:
+        info.rank = rank_in_name(path)
     if info.rank is None:
         if not all(isinstance(p, int) and 0 <= p < 1 << 16 for p in pids if p is not None):
             raise BadInput(f"{path}: cannot tell the rank (no distributedInfo, no rank in the file name, "
@@ -214,15 +220,20 @@ def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path
         return scan_trace(path, rank, batches, batch_events)
 
 
+def check_inputs(paths: list[Path], rank: int | None) -> None:
+    """Refuse ``rank`` with several files and a path that is no input file, before reading any."""
+    if rank is not None and len(paths) > 1:
+        raise BadInput("--rank applies to one file; name the rank in each file name instead")
+    for path in paths:
+        check_input_file(path)
+
+
 def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory: Path) -> list[TraceFile]:
     """The first pass of every file, one process per core when there is enough to read; the
     batches of ``paths[i]`` end up in ``directory / f"{i}"``. The first bad file (in the order
     given) raises its error; so do ``rank`` with several files and a path that is no input file,
     before anything is read."""
-    if rank is not None and len(paths) > 1:
-        raise BadInput("--rank applies to one file; name the rank in each file name instead")
-    for path in paths:
-        check_input_file(path)
+    check_inputs(paths, rank)
     batch_paths = [directory / str(i) for i in range(len(paths))]
     ranks, sizes = [rank] * len(paths), [batch_events] * len(paths)
     workers = min(len(paths), os.cpu_count() or 1)

@@ -28,14 +28,14 @@ import orjson
 from rankstream.errors import BadInput
 from rankstream.producers.importing import paused_gc
 
-__all__ = ["CHUNK_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]
+__all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]
 
 #: Text parsed at once by the fast reader: large enough to amortise the cut search, small enough
 #: that a slice's parsed events (about 30x the text as Python objects) stay a few tens of MB.
 #: Larger slices were no faster (1 to 4 MB on a 36 MB file: 1.4-1.9 s either way, peak RSS 61
 #: against 143 MB).
 CHUNK_BYTES = 1 << 20
-_EDGE_BYTES = 1 << 18
+EDGE_BYTES = 1 << 18
 #: Where to look for the last cut of a slice: the tail of the buffer, widened if it has none.
 _CUT_WINDOW = 1 << 16
 #: Cuts tried (latest first) before a slice goes to ijson.
@@ -61,9 +61,9 @@ class Recorder:
             return b""
         data = self._raw.read(size)
         if data:
-            if len(self.head) < _EDGE_BYTES:
-                self.head += data[:_EDGE_BYTES - len(self.head)]
-            self.tail = (self.tail + data)[-_EDGE_BYTES:]
+            if len(self.head) < EDGE_BYTES:
+                self.head += data[:EDGE_BYTES - len(self.head)]
+            self.tail = (self.tail + data)[-EDGE_BYTES:]
             if self._top is None and data.strip():
                 self._top = data.lstrip()[:1]
             return data

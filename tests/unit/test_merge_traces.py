@@ -81,3 +81,32 @@ def test_a_bad_file_is_named_and_nothing_is_written(tmp_path):
     assert command.returncode == 2 and command.stderr.strip().splitlines() == [
         f"rankstream: error: {tmp_path / 'rank1.json'}: event 0 has a non-numeric 'ts' ('soon')"]
     assert not output.exists()
+
+
+def _events(path):
+    import gzip
+
+    text = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    return sorted(json.dumps(e, sort_keys=True) for e in json.loads(text)["traceEvents"])
+
+
+def test_duckdb_and_the_importer_read_files_into_the_same_timeline(tmp_path, monkeypatch):
+    """Plain arrays go to DuckDB's reader, gzip files to the importer's; the merged events agree."""
+    import gzip
+
+    import rankstream.flows.merge_traces as merge_traces
+
+    write_rank(tmp_path / "rank0.json", 0, 0, ops=30)
+    write_rank(tmp_path / "rank1.json", 1, 2_000, ops=30)
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.json.gz").write_bytes(gzip.compress((tmp_path / f"rank{rank}.json").read_bytes()))
+    scanned = []
+    real_scan = merge_traces.scan_files
+    monkeypatch.setattr(merge_traces, "scan_files", lambda paths, *a: scanned.extend(paths) or real_scan(paths, *a))
+    plain = merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json"], tmp_path / "plain.json")
+    assert scanned == []
+    mixed = merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json.gz"], tmp_path / "mixed.json")
+    assert scanned == [tmp_path / "rank1.json.gz"]
+    assert [(f.rank, f.events) for f in plain.files] == [(f.rank, f.events) for f in mixed.files] == [(0, 33), (1, 33)]
+    assert _events(tmp_path / "plain.json") == _events(tmp_path / "mixed.json")
+    assert plain.offsets == mixed.offsets
