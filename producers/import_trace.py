@@ -156,7 +156,7 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
                 if batches is not None:
                     for batch in trace_batches(event_columns(events), batch_events):
                         batches.append(batch)
-        except (ijson.JSONError, ValueError, OSError, EOFError, zlib.error) as exc:
+        except (ijson.JSONError, ValueError, OSError, EOFError, zlib.error, RecursionError) as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]
             raise BadInput(f"{path}: not readable as a Chrome trace: {type(exc).__name__}: {reason}"[:400]) from None
         digest = zlib.crc32(recorder.head + recorder.tail)

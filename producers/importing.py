@@ -19,11 +19,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rankstream.config import Config
 from rankstream.errors import BadInput, RankstreamError
-from rankstream.producers.producer import Producer
+
+if TYPE_CHECKING:
+    from rankstream.producers.producer import Producer
 
 __all__ = ["ImportSummary", "content_session_id", "publish_ranks", "wait_materialized", "check_input_file",
            "paused_gc"]
@@ -94,6 +96,8 @@ def publish_ranks(config: Config, run_id: str, ranks: list[int], world_size: int
                   fill: Callable[[dict[int, Producer]], dict[int, int]], summary: ImportSummary) -> None:
     """Run ``fill`` with one producer per rank (it returns records per rank) and make sure every
     message left. Session ids are ``<session_id>-<rank>``, so a re-import repeats its batch keys."""
+    from rankstream.producers.producer import Producer  # only publishing needs it (see the package)
+
     producers = {rank: Producer(run_id=run_id, rank=rank, world_size=world_size, config=config,
                                 session_id=f"{session_id}-{rank}") for rank in ranks}
     try:

@@ -6,6 +6,7 @@ import json
 import duckdb
 import pytest
 
+from rankstream.errors import BadInput
 from rankstream.consumers.projector import trace_table
 from rankstream.consumers.query_server import execute_to_arrow
 from rankstream.producers.batch_file import BatchFile
@@ -123,3 +124,26 @@ def test_files_that_are_not_plain_arrays_are_declined(tmp_path, kind):
         path.write_bytes(gzip.compress(text.encode()))
     assert read_by_duckdb(path) == (None, [])
     assert scan_trace(path).events == 3  # the importer reads each of them
+
+
+HOSTILE = {
+    "elements that are not objects": b'[{"ph": "X", "ts": 1}, [1, 2], 3]',
+    "invalid UTF-8": b'[{"ph": "X", "ts": 1, "name": "\xff\xfe"}]',
+    "truncated inside an event": b'[{"ph": "X", "ts": 1}, {"ph": "X", "ts": ]',
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_text_duckdb_cannot_read_is_declined_with_nothing_inserted(tmp_path, text):
+    path = tmp_path / "rank0.json"
+    path.write_bytes(text)
+    assert read_by_duckdb(path) == (None, [])
+
+
+def test_args_nested_deeper_than_python_recurses_are_read_where_the_importer_refuses_in_one_line(tmp_path):
+    path = tmp_path / "rank0.json"
+    path.write_bytes(b'[{"ph": "X", "ts": 1, "args": ' + b'[' * 5000 + b'1' + b']' * 5000 + b'}]')
+    info, rows = read_by_duckdb(path)
+    assert info.events == 1 and rows[0]["args"] == "[" * 5000 + "1" + "]" * 5000
+    with pytest.raises(BadInput, match=r"rank0.json: not readable as a Chrome trace: RecursionError"):
+        scan_trace(path, None, BatchFile(tmp_path / "batches"))
