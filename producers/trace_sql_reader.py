@@ -4,10 +4,11 @@ The importer's reader (``trace_reader`` with ``trace_columns``) parses every eve
 dict and then builds columns: about 1.6 s per 36 MB file here, and as long again to insert the rows.
 The commonest input of ``rankstream merge``, Composer's per-rank traces, is a plain JSON array of
 events with the usual field types, and for such a file DuckDB's C++ reader inserts the same
-``trace_events`` rows in about 0.4 s. It takes a file only when it gives exactly the importer's rows
-(args are the same JSON, spelled by DuckDB: ``1e100`` where Python writes ``1e+100``; args nested
-deeper than Python's recursion limit, which the importer refuses, it reads); anything else it declines, inserting nothing, and the caller reads the file with the importer's reader,
-which also names the problem of a bad file. Declined:
+``trace_events`` rows in about 0.4 s. It takes a file only when it gives exactly the importer's
+rows (args are the same JSON, spelled by DuckDB: ``1e100`` where Python writes ``1e+100``; args
+nested deeper than Python's recursion limit, which the importer refuses, it reads). Anything else
+it declines, inserting nothing, and the caller reads the file with the importer's reader, which
+also names the problem of a bad file. Declined:
 
 * gzip files, JSON objects (Kineto's ``{"traceEvents": ...}``, whose metadata the importer reads),
   arrays never closed, files with no rank in their name and none given;
