@@ -144,6 +144,24 @@ def test_temporal_breakdown_counts_nested_ops_once_and_overlap_where_they_meet(d
     assert ops[0]["name"] == "aten::mm" and ops[0]["ranks"] == 2 and ops[0]["calls"] == 2 * 2 * built.steps
 
 
+def test_temporal_breakdown_does_not_depend_on_the_ranks_clocks(tmp_path):
+    """The unions are taken on each rank's own clock, its Flight Recorder calls moved back onto it:
+    a skewed run breaks down as the same run with true clocks does."""
+    columns = "rank, span_ns, compute_ns, communication_ns, overlap_ns, idle_ns"
+    breakdowns = []
+    for name, skew in (("true", None), ("skewed", {0: 0, 1: 7 * MS, 2: -3 * MS})):
+        db = tmp_path / f"{name}.duckdb"
+        built = build_run(db, world_size=3, steps=3, slow_rank=1, skew_ns=skew)
+        merge_run(db, built.run_id)
+        analyze_breakdown(db, built.run_id)
+        breakdowns.append(rows(db, f"SELECT {columns} FROM temporal_breakdown WHERE run_id = ? ORDER BY rank",
+                               [built.run_id]))
+    assert [row["rank"] for row in breakdowns[0]] == [0, 1, 2]
+    assert all(row["communication_ns"] > 0 for row in breakdowns[0])
+    for true, skewed in zip(*breakdowns):
+        assert all(abs(true[key] - skewed[key]) <= 50_000 for key in true), (true, skewed)
+
+
 def test_timeline_is_valid_chrome_json_with_every_rank_and_split_by_step_range(db, tmp_path):
     built = build_run(db, steps=8)
     analyze_everything(db, built.run_id)
@@ -265,3 +283,30 @@ def test_union_lengths_count_every_covered_instant_once(intervals):
         starts = np.array([i[0] for i in chosen], dtype=np.int64)
         ends = np.array([i[0] + i[1] for i in chosen], dtype=np.int64)
         assert _union_ns(starts, ends) == covered([(s, n) for s, n, _ in chosen])
+
+
+@pytest.mark.parametrize("pass_per_rank", [0, 100])  # ranks grouped by a sort, or by one pass per rank
+def test_union_lengths_per_rank_whichever_way_ranks_are_grouped(pass_per_rank, monkeypatch):
+    import random
+
+    import rankstream.flows.breakdown as breakdown
+    from rankstream.schemas.tables import ddl
+
+    monkeypatch.setattr(breakdown, "_PASS_PER_RANK", pass_per_rank)
+    rng = random.Random(3)
+    events = [(rank, name, rng.randint(0, 300), rng.randint(0, 40)) for rank in (0, 3, 7, 20, 21) for _ in range(40)
+              for name in (rng.choice(["aten::mm", "gloo:all_reduce"]),)]
+    con = duckdb.connect()
+    con.execute(ddl())
+    for rank, name, start, length in events:
+        con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, dur_ns) VALUES "
+                    "('r', ?, ?, 'cpu_op', 'X', ?, ?)", [rank, name, start, length])
+    breakdown.union_lengths(con, {"run": "r"})
+    found = {row[0]: row[1:] for row in con.execute("SELECT rank, compute_ns, comm_ns, busy_ns FROM _unions").fetchall()}
+
+    def covered(rank, names):
+        return len({t for r, name, start, length in events if r == rank and name in names
+                    for t in range(start, start + length)})
+
+    assert found == {rank: (covered(rank, {"aten::mm"}), covered(rank, {"gloo:all_reduce"}),
+                            covered(rank, {"aten::mm", "gloo:all_reduce"})) for rank in (0, 3, 7, 20, 21)}
