@@ -180,11 +180,14 @@ class _Writer:
 
 
 def _text_bytes(strings: pa.Array) -> memoryview:
-    """A string array's values back to back, straight from its data buffer."""
+    """A string array's values back to back, straight from its data buffer (no value is null:
+    every line is a ``to_json`` object)."""
+    if not len(strings):
+        return memoryview(b"")
     _, offsets, data = strings.buffers()
     width = 8 if pa.types.is_large_string(strings.type) else 4
     ends = np.frombuffer(offsets, dtype=f"<i{width}", count=len(strings) + 1, offset=strings.offset * width)
-    return memoryview(data)[ends[0]:ends[-1]] if len(strings) else memoryview(b"")
+    return memoryview(data)[ends[0]:ends[-1]]
 
 
 def _part_path(output: Path, part: _Part, count: int) -> Path:

@@ -80,14 +80,17 @@ FROM raw
 
 def _plain_array(path: Path) -> bool:
     """A terminated JSON array with no null token and none of Kineto's top-level metadata."""
-    if path.name.endswith(".gz") or path.stat().st_size == 0:
+    if path.name.endswith(".gz"):
         return False
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as text:
-        head, tail = text[:EDGE_BYTES], text[-EDGE_BYTES:]
-        if not (head.lstrip()[:1] == b"[" and tail.rstrip()[-1:] == b"]"):
-            return False
-        if text.find(b"null") >= 0 and _NULL_TOKEN.search(text):
-            return False
+    try:
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as text:
+            head, tail = text[:EDGE_BYTES], text[-EDGE_BYTES:]
+            if not (head.lstrip()[:1] == b"[" and tail.rstrip()[-1:] == b"]"):
+                return False
+            if text.find(b"null") >= 0 and _NULL_TOKEN.search(text):
+                return False
+    except (OSError, ValueError):  # unreadable or not mappable: the importer's reader will say which
+        return False
     return read_metadata(head, tail) == (0, None)
 
 
