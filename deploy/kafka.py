@@ -56,12 +56,27 @@ def unreachable(config: Config, timeout_s: float = 0.5) -> str | None:
 
 
 def _admin(config: Config, timeout_s: float):
+    """An admin client, or :class:`BrokerUnavailable`.
+
+    kafka-python starts the client's I/O thread before it bootstraps, and a bootstrap that fails
+    leaves that thread running for good, retrying the broker (a producer checking the broker's
+    incarnation through an outage left one per attempt). So the client is built here, where it
+    can be closed when the admin's constructor raises."""
     from kafka.admin import KafkaAdminClient
+    from kafka.net.compat import KafkaNetClient
+
+    built: list[KafkaNetClient] = []
+
+    def client(**configs) -> KafkaNetClient:
+        built.append(KafkaNetClient(**configs))
+        return built[-1]
 
     try:
         return KafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000),
-                                bootstrap_timeout_ms=int(timeout_s * 1000))
+                                bootstrap_timeout_ms=int(timeout_s * 1000), kafka_client=client)
     except Exception as exc:  # kafka-python raises NoBrokersAvailable, KafkaTimeoutError, OSError...
+        for leftover in built:
+            leftover.close()  # stops its I/O thread
         raise BrokerUnavailable(f"Kafka at {config.bootstrap_servers} did not answer: {describe(exc)}") from exc
 
 

@@ -16,3 +16,16 @@ def test_connecting_where_nothing_listens_fails_at_once_and_says_where(make_conf
     assert f"127.0.0.1:{port} did not answer" in transport.last_error
     assert "refused" in transport.last_error.lower()
     transport.close()
+
+
+def test_checking_the_broker_while_it_is_down_leaves_no_client_thread_behind(make_config):
+    """kafka-python's admin client starts its I/O thread before it bootstraps; a failed bootstrap
+    used to leave that thread retrying forever, one per incarnation check during an outage."""
+    import threading
+
+    port = free_port()
+    transport = KafkaTransport(make_config(**{"kafka.bootstrap_servers": f"127.0.0.1:{port}"}))
+    before = {t for t in threading.enumerate() if t.name.startswith("kafka-io")}
+    assert transport.incarnation() is None  # the admin client's bootstrap fails after its 2 s
+    transport.close()
+    assert {t for t in threading.enumerate() if t.name.startswith("kafka-io")} == before
