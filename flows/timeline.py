@@ -49,11 +49,7 @@ _EVENTS_SQL = f"""
 WITH window_events AS (
     SELECT * FROM trace_events WHERE run_id = $run AND rank = $rank AND ts_ns >= $own_lo AND ts_ns < $own_hi
 ), spans AS (
-    SELECT tid, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, false AS unfinished, args
-    FROM window_events WHERE ph = 'X' AND dur_ns >= 0
-    UNION ALL
-    SELECT tid, name, cat, start_ns, end_ns, unfinished, args
-    FROM run_span_pairs($run) WHERE rank = $rank AND start_ns >= $own_lo AND start_ns < $own_hi
+    SELECT * FROM run_own_intervals($run) WHERE rank = $rank AND start_ns >= $own_lo AND start_ns < $own_hi
 )
 SELECT to_json({{name: name, cat: coalesce(cat, ''), ph: 'X', ts: {_US.format(ts="start_ns - $offset")},
                 dur: round((end_ns - start_ns) / 1000.0, 3), pid: $rank, tid: tid,

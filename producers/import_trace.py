@@ -56,7 +56,8 @@ from rankstream.producers.trace_columns import (Steps, as_int, event_columns, fi
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
 from rankstream.schemas.trace import TraceBatch
 
-__all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts", "import_traces"]
+__all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts",
+           "import_traces"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
 CHROME_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")

@@ -401,17 +401,19 @@ JOIN last_seen l ON l.rank = b.rank
 LEFT JOIN numbered e ON e.ph = 'E' AND e.rank = b.rank AND e.tid = b.tid AND e.level = b.level AND e.nth = b.nth
 WHERE b.ph = 'B';
 
--- Every span of a run as an interval on the aligned clock: X events as they are, and the B/E pairs.
+-- Every span of a run as an interval on each rank's own clock: X events as they are, and the B/E
+-- pairs. What needs only lengths (unions) or one rank at a time can skip moving every event.
+CREATE OR REPLACE MACRO run_own_intervals(run) AS TABLE
+SELECT rank, tid, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, step, false AS unfinished, args
+FROM trace_events WHERE run_id = run AND ph = 'X' AND dur_ns >= 0
+UNION ALL
+SELECT * FROM run_span_pairs(run);
+
+-- The same intervals on the aligned clock.
 CREATE OR REPLACE MACRO run_intervals(run) AS TABLE
-WITH raw AS (
-    SELECT rank, tid, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, step, false AS unfinished, args
-    FROM trace_events WHERE run_id = run AND ph = 'X' AND dur_ns >= 0
-    UNION ALL
-    SELECT * FROM run_span_pairs(run)
-)
 SELECT r.rank, r.tid, r.name, r.cat, r.start_ns - coalesce(o.offset_ns, 0) AS start_ns,
        r.end_ns - coalesce(o.offset_ns, 0) AS end_ns, r.step, r.unfinished, r.args
-FROM raw r LEFT JOIN rank_offsets(run) o USING (rank);
+FROM run_own_intervals(run) r LEFT JOIN rank_offsets(run) o USING (rank);
 
 -- A run's training steps per rank on the aligned clock: from rankstream.step() markers (a step
 -- lasts until the next marker; the last one until its last event), or else from ProfilerStep#N.
