@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -44,6 +47,9 @@ class Database:
         self._held: duckdb.DuckDBPyConnection | None = None
         #: Set by :meth:`over`: the one connection every call runs on, never closed here.
         self._own: duckdb.DuckDBPyConnection | None = None
+        #: In :meth:`arrows`' worker threads: the thread's own cursor on the shared connection.
+        self._thread = threading.local()
+        self._opening = threading.Lock()
 
     @classmethod
     def over(cls, connection: duckdb.DuckDBPyConnection, name: str) -> "Database":
@@ -72,6 +78,31 @@ class Database:
     # -- results in the shape the caller wants -------------------------------------------------
     def arrow(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         return self._run(sql, params, write=False)
+
+    def arrows(self, queries: Iterable[tuple[str, Sequence[Any] | dict | None]], ahead: int = 2) -> Iterator[pa.Table]:
+        """Each query's result in order, with up to ``ahead`` of them running at once (a timeline's
+        slices: the next one is built while this one is written). A query over a few row groups
+        keeps one core busy, so on two cores this nearly halves the wall time. The queries are
+        drawn from ``queries`` as results are taken, and at most ``ahead`` results wait in memory.
+        On a shared connection each worker has its own cursor, so the queries see the database's
+        tables but not the connection's temporary ones."""
+        cursors: list[duckdb.DuckDBPyConnection] = []
+
+        def worker() -> None:  # its cursor is made at its first local call: a served file has none
+            self._thread.cursors, self._thread.cursor = cursors, None
+
+        try:
+            with ThreadPoolExecutor(ahead, initializer=worker) as pool:
+                pending: deque = deque()
+                for sql, params in queries:
+                    pending.append(pool.submit(self.arrow, sql, params))
+                    if len(pending) >= ahead:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+        finally:
+            for cursor in cursors:
+                cursor.close()
 
     def fetchall(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
         table = self.arrow(sql, params)
@@ -160,17 +191,28 @@ class Database:
             except ServerError as exc:
                 raise QueryError(str(exc)) from None
 
+    def _shared_connection(self) -> duckdb.DuckDBPyConnection | None:
+        """The connection every local call shares (:meth:`over`, or inside :meth:`held`, opened at
+        the first call); None when each call opens the file for itself."""
+        if self._own is not None:
+            return self._own
+        if not self._holding:
+            return None
+        with self._opening:
+            if self._held is None:
+                self._held = duckdb.connect(str(self.path), read_only=self.read_only)
+        return self._held
+
     def _local_call(self, work, write: bool):
         if self._own is None and not self.path.exists() and not write:
             raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
-        if self._own is not None:
-            connection = self._own
-        elif self._holding:
-            if self._held is None:
-                self._held = duckdb.connect(str(self.path), read_only=self.read_only)
-            connection = self._held
-        else:
-            connection = duckdb.connect(str(self.path), read_only=not write)
+        shared = self._shared_connection()
+        if shared is not None and getattr(self._thread, "cursors", None) is not None:  # in arrows()'s worker
+            if self._thread.cursor is None:  # DuckDB connections are not for concurrent use
+                self._thread.cursor = shared.cursor()
+                self._thread.cursors.append(self._thread.cursor)
+            shared = self._thread.cursor
+        connection = shared or duckdb.connect(str(self.path), read_only=not write)
         try:
             return work(connection)
         except duckdb.IOException:
@@ -180,7 +222,7 @@ class Database:
         except PermissionError as exc:  # a script naming a procedure that is not listed
             raise QueryError(str(exc)) from None
         finally:
-            if connection is not self._held and connection is not self._own:
+            if shared is None:
                 connection.close()
 
 

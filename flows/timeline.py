@@ -27,7 +27,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -270,16 +270,9 @@ def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks
         for part in parts:
             writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
             try:
-                for rank in chosen:
-                    offset = offsets.get(rank) or 0
-                    values = {"run": run_id, "rank": rank, "t0": t0, "pgs": pgs, "descs": descs, "base": COLLECTIVES_TID_BASE,
-                              "offset": offset}
-                    writer.write_lines(_lines(database, _METADATA_SQL, values))
-                    for lo, hi in _slices(database, run_id, rank, part.lo, part.hi, offset):
-                        writer.write_lines(_lines(database, _EVENTS_SQL, {**values, "lo": lo, "hi": hi,
-                                                                          "own_lo": lo + offset, "own_hi": hi + offset}))
-                writer.write_lines(_lines(database, _FINDINGS_SQL, {  # global markers; pid only places them
-                    "run": run_id, "lo": part.lo, "hi": part.hi, "t0": t0, "last": last, "pid": chosen[0]}))
+                for lines in database.arrows(_part_queries(database, run_id, chosen, part, {
+                        "run": run_id, "t0": t0, "last": last, "pgs": pgs, "descs": descs, "offsets": offsets})):
+                    writer.write_lines(lines)
             finally:
                 writer.close()
             result.files.append(writer.path)
@@ -288,7 +281,7 @@ def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks
         return result
 
 
-#: Events fetched per query: what the writer holds in memory at once, whatever the run's size.
+#: Events fetched per query: the writer holds two such slices at once (``Database.arrows``), whatever the run's size.
 SLICE_EVENTS = 100_000
 
 
@@ -296,9 +289,23 @@ SLICE_EVENTS = 100_000
 LINE_SEPARATOR = b",\n"
 
 
-def _lines(database, sql: str, values: dict) -> pa.Table:
-    """The query's lines, each led by ``LINE_SEPARATOR`` so that they can be written as one text."""
-    return database.arrow(f"SELECT concat(',', chr(10), line) FROM ({sql})", bind(sql, values))
+def _part_queries(database, run_id: str, ranks: list[int], part: _Part, run: dict) -> Iterator[tuple[str, list]]:
+    """The queries whose lines make up one file, in order: per rank its track names and its events a
+    slice at a time, then the findings. ``run`` holds the run's t0, last, pgs, descs and offsets."""
+    for rank in ranks:
+        offset = run["offsets"].get(rank) or 0
+        values = {"run": run_id, "rank": rank, "t0": run["t0"], "pgs": run["pgs"], "descs": run["descs"],
+                  "base": COLLECTIVES_TID_BASE, "offset": offset}
+        yield _lines(_METADATA_SQL, values)
+        for lo, hi in _slices(database, run_id, rank, part.lo, part.hi, offset):
+            yield _lines(_EVENTS_SQL, {**values, "lo": lo, "hi": hi, "own_lo": lo + offset, "own_hi": hi + offset})
+    yield _lines(_FINDINGS_SQL, {"run": run_id, "lo": part.lo, "hi": part.hi, "t0": run["t0"], "last": run["last"],
+                                 "pid": ranks[0]})  # global markers; pid only places them
+
+
+def _lines(sql: str, values: dict) -> tuple[str, list]:
+    """The query for ``sql``'s lines, each led by ``LINE_SEPARATOR`` so that they can be written as one text."""
+    return f"SELECT concat(',', chr(10), line) FROM ({sql})", bind(sql, values)
 
 
 def _slices(database, run_id: str, rank: int, lo: int, hi: int, offset: int) -> list[tuple[int, int]]:

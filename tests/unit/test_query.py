@@ -9,7 +9,7 @@ import time
 import duckdb
 import pytest
 
-from rankstream.consumers.query import connect
+from rankstream.consumers.query import Database, connect
 from rankstream.consumers.query_protocol import sidecar_path
 from rankstream.consumers.query_server import QueryServer
 from rankstream.consumers.store import Store
@@ -50,6 +50,39 @@ def test_calls_inside_held_share_one_connection_and_release_the_file_after(db_pa
     with pytest.raises(QueryError, match="scratch"):  # outside the block every call has its own connection
         database.fetchall("SELECT answer FROM scratch")
     duckdb.connect(str(db_path)).close()  # and the file is free for a writer again
+
+
+def _numbered(count):
+    return [("SELECT $n AS n, (SELECT count(*) FROM rejects) AS rejects", {"n": n}) for n in range(count)]
+
+
+def test_arrows_gives_each_result_in_order_on_every_route(db_path):
+    """Several queries at once: on a scratch connection, a held file, a file opened per call and a
+    served file, the results come back in the order asked and the file is free afterwards."""
+    expected = [(n, 1) for n in range(7)]
+
+    def results(database):
+        return [tuple(table.to_pylist()[0].values()) for table in database.arrows(_numbered(7), ahead=3)]
+
+    scratch = duckdb.connect(str(db_path))
+    assert results(Database.over(scratch, "scratch")) == expected
+    scratch.close()
+    database = connect(db_path)
+    with database.held():
+        assert results(database) == expected
+    assert results(database) == expected
+    duckdb.connect(str(db_path)).close()
+    con = duckdb.connect(str(db_path))
+    with QueryServer(con, db_path):
+        assert results(connect(db_path)) == expected
+    con.close()
+
+
+def test_arrows_raises_a_failing_query_and_releases_the_file(db_path):
+    database = connect(db_path)
+    with database.held(), pytest.raises(QueryError, match="no_such_table"):
+        list(database.arrows([*_numbered(3), ("SELECT * FROM no_such_table", None), *_numbered(3)]))
+    duckdb.connect(str(db_path)).close()
 
 
 def test_values_are_bound_never_pasted(db_path):
