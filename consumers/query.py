@@ -82,7 +82,8 @@ class Database:
     def arrows(self, queries: Iterable[tuple[str, Sequence[Any] | dict | None]], ahead: int = 2) -> Iterator[pa.Table]:
         """Each query's result in order, with up to ``ahead`` of them running at once (a timeline's
         slices: the next one is built while this one is written). A query over a few row groups
-        keeps one core busy, so on two cores this nearly halves the wall time. The queries are
+        leaves a core idle: a timeline of 330k events took 0.33-0.39 s this way against 0.39-0.58 s
+        one query at a time. The queries are
         drawn from ``queries`` as results are taken, and at most ``ahead`` results wait in memory.
         On a shared connection each worker has its own cursor, so the queries see the database's
         tables but not the connection's temporary ones."""

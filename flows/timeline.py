@@ -271,7 +271,7 @@ def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks
             writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
             try:
                 for lines in database.arrows(_part_queries(database, run_id, chosen, part, {
-                        "run": run_id, "t0": t0, "last": last, "pgs": pgs, "descs": descs, "offsets": offsets})):
+                        "t0": t0, "last": last, "pgs": pgs, "descs": descs, "offsets": offsets})):
                     writer.write_lines(lines)
             finally:
                 writer.close()
@@ -281,7 +281,8 @@ def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks
         return result
 
 
-#: Events fetched per query: the writer holds two such slices at once (``Database.arrows``), whatever the run's size.
+#: Events fetched per query: the writer holds two such slices at once (``Database.arrows``),
+#: whatever the run's size.
 SLICE_EVENTS = 100_000
 
 
