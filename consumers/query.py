@@ -83,8 +83,8 @@ class Database:
         """Each query's result in order, with up to ``ahead`` of them running at once (a timeline's
         slices: the next one is built while this one is written). A query over a few row groups
         leaves a core idle: a timeline of 330k events took 0.33-0.39 s this way against 0.39-0.58 s
-        one query at a time. The queries are
-        drawn from ``queries`` as results are taken, and at most ``ahead`` results wait in memory.
+        one query at a time. The queries are drawn from ``queries`` as results are taken, and at
+        most ``ahead`` results wait in memory.
         On a shared connection each worker has its own cursor, so the queries see the database's
         tables but not the connection's temporary ones."""
         cursors: list[duckdb.DuckDBPyConnection] = []
@@ -194,25 +194,25 @@ class Database:
 
     def _shared_connection(self) -> duckdb.DuckDBPyConnection | None:
         """The connection every local call shares (:meth:`over`, or inside :meth:`held`, opened at
-        the first call); None when each call opens the file for itself."""
-        if self._own is not None:
-            return self._own
-        if not self._holding:
+        the first call), or in an :meth:`arrows` worker the thread's own cursor on it (DuckDB
+        connections are not for concurrent use); None when each call opens the file for itself."""
+        if self._own is None and not self._holding:
             return None
         with self._opening:
-            if self._held is None:
+            if self._own is None and self._held is None:
                 self._held = duckdb.connect(str(self.path), read_only=self.read_only)
-        return self._held
+        shared = self._own if self._own is not None else self._held
+        if getattr(self._thread, "cursors", None) is None:  # not in a worker
+            return shared
+        if self._thread.cursor is None:
+            self._thread.cursor = shared.cursor()
+            self._thread.cursors.append(self._thread.cursor)
+        return self._thread.cursor
 
     def _local_call(self, work, write: bool):
         if self._own is None and not self.path.exists() and not write:
             raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
         shared = self._shared_connection()
-        if shared is not None and getattr(self._thread, "cursors", None) is not None:  # in arrows()'s worker
-            if self._thread.cursor is None:  # DuckDB connections are not for concurrent use
-                self._thread.cursor = shared.cursor()
-                self._thread.cursors.append(self._thread.cursor)
-            shared = self._thread.cursor
         connection = shared or duckdb.connect(str(self.path), read_only=not write)
         try:
             return work(connection)
