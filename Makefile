@@ -37,11 +37,12 @@ bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/overhead.py
 
-# The analysis benchmark runs Holistic Trace Analysis as its peer. HTA's package requires jupyterlab;
-# only its runtime needs are installed here.
+# The analysis benchmark's peers: Holistic Trace Analysis (its package requires jupyterlab; only its
+# runtime needs are installed) and Composer's published trace merger (a stdlib-only script inside the
+# mosaicml wheel, run by its path; the wheel's own requirements are not needed for it).
 bench-analysis: setup
 	$(PY) -m pip install -q pandas plotly networkx pydot
-	$(PY) -m pip install -q --no-deps HolisticTraceAnalysis==0.5.0
+	$(PY) -m pip install -q --no-deps HolisticTraceAnalysis==0.5.0 mosaicml==0.32.1
 	$(PY) bench/analysis.py
 	$(PY) bench/fr_vs_official.py
 

@@ -1,9 +1,11 @@
 """rankstream's analyses against Composer's trace merge and Holistic Trace Analysis, same inputs.
 
 1. **Merge against Composer.** N per-rank Composer traces (``bench/trace_files.py``, about
-   ``--merge-mb`` MB each). Composer's algorithm (``bench/composer_merge.py``) merges them into one
-   JSON file; rankstream imports them through the bus (broker and materializer already up, as in
-   production), aligns the clocks and writes the timeline. Wall time and peak RSS of each side's
+   ``--merge-mb`` MB each). Composer's published merger (``composer.profiler.json_trace_merger``
+   from the ``mosaicml`` wheel, when installed) and a leaner re-implementation of its algorithm
+   (``bench/composer_merge.py``: one parse fewer per file, C-encoded lines) each merge them into
+   one JSON file; rankstream imports them through the bus (broker and materializer already up, as
+   in production), aligns the clocks and writes the timeline. Wall time and peak RSS of each side's
    processes (rankstream's includes its materializer) are printed, at ``--merge-mb`` and at twice
    that, to show whether memory grows with the trace size. Then the same files through
    ``rankstream merge``, which does all three in one command with no broker.
@@ -78,13 +80,36 @@ def _rankstream(config, *args, timeout=900) -> tuple[float, float]:
     return wall, rss
 
 
+def composer_mergers() -> dict[str, list[str]]:
+    """The Composer merge commands to measure, each taking ``-o OUTPUT FILE...``.
+
+    "published" is Composer's own ``json_trace_merger.py`` from the installed ``mosaicml`` wheel
+    (``pip install --no-deps mosaicml==0.32.1``), run as a script by its path: importing the
+    ``composer`` package would pull in torch-pinned dependencies the merger does not use.
+    "lean" is ``bench/composer_merge.py``, always measured: it parses each file three times
+    instead of four and encodes lines in C, so it is the stricter peer."""
+    import importlib.util
+
+    mergers = {}
+    spec = importlib.util.find_spec("composer")  # finds the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        published = Path(spec.submodule_search_locations[0]) / "profiler" / "json_trace_merger.py"
+        if published.is_file():
+            mergers["published"] = [sys.executable, str(published)]
+    mergers["lean"] = [sys.executable, str(HERE / "composer_merge.py")]
+    return mergers
+
+
 def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
     paths = [root / f"rank{r}.json" for r in range(files)]
     events = sum(write_composer_trace(p, r, int(megabytes * 1e6), skew_us=1000 * r) for r, p in enumerate(paths))
-    output, composer_s, composer_mb, code = run_measured(
-        [sys.executable, str(HERE / "composer_merge.py"), str(root / "composer_merged.json"), *map(str, paths)], 1800)
-    if code != 0:
-        raise SystemExit(f"composer merge failed:\n{output[-2000:]}")
+    composer = {}
+    for name, command in composer_mergers().items():
+        output, seconds, megabytes_peak, code = run_measured(
+            [*command, "-o", str(root / f"composer_{name}.json"), *map(str, paths)], 1800)
+        if code != 0:
+            raise SystemExit(f"composer merge ({name}) failed:\n{output[-2000:]}")
+        composer[name] = (seconds, megabytes_peak)
     run = f"merge-{files}x{megabytes:g}"
     with MaterializerRss(config) as materializer:
         steps = [
@@ -93,7 +118,7 @@ def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
             _rankstream(config, "timeline", "--run", run, "-o", str(root / f"{run}.json")),
         ]
     one_command = _rankstream(config, "merge", *map(str, paths), "-o", str(root / f"{run}-one-command.json"))
-    return {"files": files, "mb_each": megabytes, "events": events, "composer_s": composer_s, "composer_mb": composer_mb,
+    return {"files": files, "mb_each": megabytes, "events": events, "composer": composer,
             "rankstream_s": sum(s for s, _ in steps), "import_s": steps[0][0], "merge_s": steps[1][0],
             "timeline_s": steps[2][0], "rankstream_mb": max(m for _, m in steps),
             "import_mb": steps[0][1], "timeline_mb": steps[2][1],
@@ -185,6 +210,10 @@ def materialized_round(root: Path, events: int) -> dict:
     return {"events": total, **timings}
 
 
+def _speedups(composer: dict[str, tuple[float, float]], seconds: float) -> str:
+    return ", ".join(f"{composer_s / seconds:.1f}x vs {name}" for name, (composer_s, _) in composer.items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--merge-files", type=int, default=2)
@@ -204,14 +233,17 @@ def main() -> None:
             for megabytes in (args.merge_mb, 2 * args.merge_mb):
                 (root / f"m{megabytes:g}").mkdir()
                 row = merge_round(root / f"m{megabytes:g}", args.merge_files, megabytes, config)
-                print(f"  {row['files']} x {row['mb_each']:g} MB ({row['events']:,} events): "
-                      f"composer {row['composer_s']:.1f} s / {row['composer_mb']:.0f} MB peak; "
-                      f"rankstream {row['rankstream_s']:.1f} s (import {row['import_s']:.1f}, merge {row['merge_s']:.1f}, "
-                      f"timeline {row['timeline_s']:.1f}), peak RSS import {row['import_mb']:.0f} MB, "
-                      f"timeline {row['timeline_mb']:.0f} MB, "
-                      f"materializer {row['materializer_mb']:.0f} MB; speedup {row['composer_s'] / row['rankstream_s']:.1f}x")
+                composer = row["composer"]
+                print(f"  {row['files']} x {row['mb_each']:g} MB ({row['events']:,} events): composer "
+                      + "; ".join(f"{name} {s:.1f} s / {mb:.0f} MB peak" for name, (s, mb) in composer.items()))
+                print(f"    through the bus: rankstream {row['rankstream_s']:.1f} s (import {row['import_s']:.1f}, "
+                      f"merge {row['merge_s']:.1f}, timeline {row['timeline_s']:.1f}), peak RSS import "
+                      f"{row['import_mb']:.0f} MB, timeline {row['timeline_mb']:.0f} MB, materializer "
+                      f"{row['materializer_mb']:.0f} MB; {_speedups(composer, row['rankstream_s'])}")
                 print(f"    one command, no broker (rankstream merge): {row['merge_command_s']:.1f} s, "
-                      f"{row['merge_command_mb']:.0f} MB peak; speedup {row['composer_s'] / row['merge_command_s']:.1f}x")
+                      f"{row['merge_command_mb']:.0f} MB peak; {_speedups(composer, row['merge_command_s'])}")
+                if "published" not in composer:
+                    print("    (Composer's published merger not measured: pip install --no-deps mosaicml==0.32.1)")
         if "hta" not in skip:
             row = hta_round(root, args.hta_events, config)
             print(f"== HTA: {row['events']:,} Kineto events over 2 ranks")
