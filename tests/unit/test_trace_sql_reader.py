@@ -105,6 +105,19 @@ def test_what_the_importer_reads_otherwise_is_declined_with_nothing_inserted(tmp
     assert info is None and rows == []
 
 
+def test_a_null_token_is_found_wherever_the_read_blocks_cut_it(tmp_path, monkeypatch):
+    import rankstream.producers.trace_sql_reader as reader
+
+    with_null = b'[{"ph": "X", "ts": 1, "args": {"a": [1,  \n \t null]}}]'
+    without = b'[{"ph": "X", "ts": 1, "name": "annulled", "args": {"nullable": "nul", "b": [1, 2]}}]'
+    (tmp_path / "with.json").write_bytes(with_null)
+    (tmp_path / "without.json").write_bytes(without)
+    for block in range(1, len(without) + 1):
+        monkeypatch.setattr(reader, "_SCAN_BYTES", block)
+        with open(tmp_path / "with.json", "rb") as found, open(tmp_path / "without.json", "rb") as clean:
+            assert reader._may_hold_null_token(found) and not reader._may_hold_null_token(clean), block
+
+
 def test_an_empty_array_is_declined_and_left_to_the_importer_to_refuse(tmp_path):
     path = tmp_path / "rank0.json"
     path.write_text("[\n]\n")
