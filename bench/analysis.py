@@ -8,14 +8,16 @@
    in production), aligns the clocks and writes the timeline. Wall time and peak RSS of each side's
    processes (rankstream's includes its materializer) are printed, at ``--merge-mb`` and at twice
    that, to show whether memory grows with the trace size. Then the same files through
-   ``rankstream merge``, which does all three in one command with no broker.
+   ``rankstream merge``, which does all three in one command with no broker; and that command
+   alone on larger files (``--memory-mb``), where the peers would take minutes, for its memory.
 2. **Analysis against HTA.** Kineto traces of ``--hta-events`` events over 2 ranks: HTA loads them
    and computes its temporal breakdown; rankstream imports the same files and runs its step
    analysis and temporal breakdown. Then, on ``--events`` (default 10M) events already in DuckDB,
    rankstream's step analysis plus temporal breakdown alone (target: 2 s), timed in a fresh
    process after its imports, and as one ``rankstream analyze run`` command.
 
-Usage: python bench/analysis.py [--merge-files 2] [--merge-mb 36] [--hta-events 400000] [--events 10000000]
+Usage: python bench/analysis.py [--merge-files 2] [--merge-mb 36] [--memory-mb 144,288] [--hta-events 400000]
+       [--events 10000000] [--skip merge,hta,materialized]
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from measure import run_measured
@@ -78,6 +79,18 @@ def _rankstream(config, *args, timeout=900) -> tuple[float, float]:
     output, wall, rss, code = run_measured([sys.executable, "-m", "rankstream", *args], timeout, env)
     if code != 0:
         raise SystemExit(f"rankstream {' '.join(args)} failed:\n{output[-2000:]}")
+    return wall, rss
+
+
+def merge_memory_round(root: Path, files: int, megabytes: float) -> tuple[float, float]:
+    """(wall s, peak RSS MB) of ``rankstream merge`` on N files of about ``megabytes`` MB each."""
+    paths = [root / f"rank{r}.json" for r in range(files)]
+    for rank, path in enumerate(paths):
+        write_composer_trace(path, rank, int(megabytes * 1e6), skew_us=1000 * rank)
+    output, wall, rss, code = run_measured(
+        [sys.executable, "-m", "rankstream", "merge", *map(str, paths), "-o", str(root / "merged.json")], 1800)
+    if code != 0:
+        raise SystemExit(f"rankstream merge failed:\n{output[-2000:]}")
     return wall, rss
 
 
@@ -195,19 +208,13 @@ def build_materialized(db: Path, events: int, ranks: int = 8) -> int:
     return total
 
 
-#: The analyses timed in a process of their own, as a flow run or ``rankstream analyze`` would run
-#: them (not in this one, which has just written gigabytes of trace text), after their imports.
+#: The analyses timed as ``rankstream analyze run`` runs them (``flows.pipeline.analyze_everything``:
+#: merge first, one connection), in a process of their own after their imports (not in this one,
+#: which has just written gigabytes of trace text).
 ANALYSES_SCRIPT = """
-import json, sys, time
-from rankstream.flows.breakdown import analyze_breakdown
-from rankstream.flows.merge import merge_run
-from rankstream.flows.steps import analyze_steps
-timings = {}
-for name, function in (("merge", merge_run), ("steps", analyze_steps), ("breakdown", analyze_breakdown)):
-    started = time.perf_counter()
-    function(sys.argv[1], "big")
-    timings[name] = time.perf_counter() - started
-print(json.dumps(timings))
+import json, sys
+from rankstream.flows.pipeline import analyze_everything
+print(json.dumps(analyze_everything(sys.argv[1], "big", only=["merge", "steps", "breakdown"])))
 """
 
 
@@ -225,7 +232,7 @@ def materialized_round(root: Path, events: int) -> dict:
     timings = json.loads(output.strip().splitlines()[-1])
     output, command_s, _, code = run_measured(
         [sys.executable, "-m", "rankstream", "--db", str(db), "--state-dir", str(root / "analyze-state"),
-         "analyze", "run", "--run", "big", "--only", "steps,breakdown"], 600)
+         "analyze", "run", "--run", "big", "--only", "merge,steps,breakdown"], 600)
     if code != 0:
         raise SystemExit(f"rankstream analyze failed:\n{output[-2000:]}")
     return {"events": total, **timings, "command_s": command_s}
@@ -239,6 +246,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--merge-files", type=int, default=2)
     parser.add_argument("--merge-mb", type=float, default=36)
+    parser.add_argument("--memory-mb", default="144,288", help="comma list: larger files for rankstream merge alone")
     parser.add_argument("--hta-events", type=int, default=400_000)
     parser.add_argument("--events", type=int, default=10_000_000)
     parser.add_argument("--skip", default="", help="comma list of parts to skip: merge, hta, materialized")
@@ -265,6 +273,11 @@ def main() -> None:
                       f"{row['merge_command_mb']:.0f} MB peak; {_speedups(composer, row['merge_command_s'])}")
                 if "published" not in composer:
                     print("    (Composer's published merger not measured: pip install --no-deps mosaicml==0.32.1)")
+            for megabytes in (float(mb) for mb in args.memory_mb.split(",") if mb):
+                (root / f"memory{megabytes:g}").mkdir()
+                wall, rss = merge_memory_round(root / f"memory{megabytes:g}", args.merge_files, megabytes)
+                print(f"  {args.merge_files} x {megabytes:g} MB, rankstream merge alone: {wall:.1f} s, {rss:.0f} MB peak")
+                shutil.rmtree(root / f"memory{megabytes:g}")
         if "hta" not in skip:
             row = hta_round(root, args.hta_events, config)
             print(f"== HTA: {row['events']:,} Kineto events over 2 ranks")
@@ -284,7 +297,7 @@ def main() -> None:
             print(f"  merge {row['merge']:.2f} s, step analysis {row['steps']:.2f} s, temporal breakdown + op stats "
                   f"{row['breakdown']:.2f} s: steps + breakdown {analysis:.2f} s (target 2 s), "
                   f"{row['events'] / analysis:,.0f} events/s")
-            print(f"  as one command (rankstream analyze run --only steps,breakdown, startup included): "
+            print(f"  as one command (rankstream analyze run --only merge,steps,breakdown, startup included): "
                   f"{row['command_s']:.2f} s")
     finally:
         down(config)

@@ -232,22 +232,10 @@ def analyze_run_command(
 ) -> None:
     """Merge clocks, then step, communication and breakdown analyses (and collective diagnosis when
     the run has Flight Recorder data); results go to their tables."""
-    from rankstream.flows.pipeline import ANALYSES, analyze_everything
+    from rankstream.flows.pipeline import analyze_everything
 
-    db_path = config().db_path
-    if only:
-        names = [n.strip() for n in only.split(",") if n.strip()]
-        unknown = [n for n in names if n not in ANALYSES]
-        if unknown:
-            raise typer.BadParameter(f"--only: unknown analyses {unknown}; choose from {', '.join(ANALYSES)}")
-        from rankstream.flows.run_tables import require_run
-
-        require_run(db_path, run)
-        for name in names:
-            ANALYSES[name](db_path, run)
-        console.print(f"analyzed {run}: {', '.join(names)}")
-        return
-    seconds = analyze_everything(db_path, run)
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    seconds = analyze_everything(config().db_path, run, only=names)
     console.print(f"analyzed {run}: " + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
 
 

@@ -2,6 +2,8 @@
 
 import gzip
 import json
+import subprocess
+import sys
 
 import duckdb
 import numpy as np
@@ -247,6 +249,21 @@ def test_analyses_refuse_an_unknown_run(db):
     build_run(db, world_size=2, steps=1)
     with pytest.raises(BadInput, match="no data for run 'nope'"):
         analyze_everything(db, "nope")
+
+
+def test_only_the_analyses_named_run_in_dependency_order_and_the_file_is_free_after(db):
+    built = build_run(db, world_size=2, steps=2)
+    seconds = analyze_everything(db, built.run_id, only=["steps", "merge"])
+    assert list(seconds) == ["merge", "steps"]
+    done = {r["analysis"] for r in rows(db, "SELECT analysis FROM analyses_done WHERE run_id = ?", [built.run_id])}
+    assert done == {"merge", "steps"}
+    assert rows(db, "SELECT count(*) AS n FROM step_trace")[0]["n"] == 2 * 2
+    assert rows(db, "SELECT count(*) AS n FROM temporal_breakdown")[0]["n"] == 0
+    # the analyses' shared connection is closed: another process can open the file for writing
+    opened = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()", str(db)])
+    assert opened.returncode == 0
+    with pytest.raises(BadInput, match=r"unknown analyses \['steps2'\]"):
+        analyze_everything(db, built.run_id, only=["steps2"])
 
 
 def test_the_report_tells_a_healthy_run_from_one_never_analyzed(db):
