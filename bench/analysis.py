@@ -73,25 +73,32 @@ class MaterializerRss:
         self._thread.join()
 
 
+def _succeeded(command: list[str], timeout: float, env: dict | None = None) -> tuple[str, float, float]:
+    """``run_measured``'s (output, wall s, peak RSS MB) of a command that must succeed."""
+    output, wall, rss, code = run_measured(command, timeout, env)
+    if code != 0:
+        raise SystemExit(f"{' '.join(command[1:])} failed:\n{output[-2000:]}")
+    return output, wall, rss
+
+
 def _rankstream(config, *args, timeout=900) -> tuple[float, float]:
     """(wall s, peak RSS MB of the command's process tree; the materializer is measured apart)."""
-    env = {**os.environ, **config_env(config)}
-    output, wall, rss, code = run_measured([sys.executable, "-m", "rankstream", *args], timeout, env)
-    if code != 0:
-        raise SystemExit(f"rankstream {' '.join(args)} failed:\n{output[-2000:]}")
+    _, wall, rss = _succeeded([sys.executable, "-m", "rankstream", *args], timeout,
+                              {**os.environ, **config_env(config)})
     return wall, rss
 
 
-def merge_memory_round(root: Path, files: int, megabytes: float) -> tuple[float, float]:
-    """(wall s, peak RSS MB) of ``rankstream merge`` on N files of about ``megabytes`` MB each."""
+def _composer_traces(root: Path, files: int, megabytes: float) -> tuple[list[Path], int]:
+    """N per-rank Composer traces of about ``megabytes`` MB each in ``root``, and their event count."""
     paths = [root / f"rank{r}.json" for r in range(files)]
-    for rank, path in enumerate(paths):
-        write_composer_trace(path, rank, int(megabytes * 1e6), skew_us=1000 * rank)
-    output, wall, rss, code = run_measured(
-        [sys.executable, "-m", "rankstream", "merge", *map(str, paths), "-o", str(root / "merged.json")], 1800)
-    if code != 0:
-        raise SystemExit(f"rankstream merge failed:\n{output[-2000:]}")
-    return wall, rss
+    events = sum(write_composer_trace(p, r, int(megabytes * 1e6), skew_us=1000 * r) for r, p in enumerate(paths))
+    return paths, events
+
+
+def merge_memory_round(root: Path, files: int, megabytes: float, config) -> tuple[float, float]:
+    """(wall s, peak RSS MB) of ``rankstream merge`` on N files of about ``megabytes`` MB each."""
+    paths, _ = _composer_traces(root, files, megabytes)
+    return _rankstream(config, "merge", *map(str, paths), "-o", str(root / "merged.json"), timeout=1800)
 
 
 def composer_mergers() -> dict[str, list[str]]:
@@ -115,14 +122,11 @@ def composer_mergers() -> dict[str, list[str]]:
 
 
 def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
-    paths = [root / f"rank{r}.json" for r in range(files)]
-    events = sum(write_composer_trace(p, r, int(megabytes * 1e6), skew_us=1000 * r) for r, p in enumerate(paths))
+    paths, events = _composer_traces(root, files, megabytes)
     composer = {}
     for name, command in composer_mergers().items():
-        output, seconds, megabytes_peak, code = run_measured(
-            [*command, "-o", str(root / f"composer_{name}.json"), *map(str, paths)], 1800)
-        if code != 0:
-            raise SystemExit(f"composer merge ({name}) failed:\n{output[-2000:]}")
+        _, seconds, megabytes_peak = _succeeded([*command, "-o", str(root / f"composer_{name}.json"), *map(str, paths)],
+                                                1800)
         composer[name] = (seconds, megabytes_peak)
     run = f"merge-{files}x{megabytes:g}"
     with MaterializerRss(config) as materializer:
@@ -226,15 +230,11 @@ def materialized_round(root: Path, events: int) -> dict:
 
     db = root / "materialized.duckdb"
     total = build_materialized(db, events)
-    output, _, _, code = run_measured([sys.executable, "-c", ANALYSES_SCRIPT, str(db)], 600)
-    if code != 0:
-        raise SystemExit(f"analyses failed:\n{output[-2000:]}")
+    output, _, _ = _succeeded([sys.executable, "-c", ANALYSES_SCRIPT, str(db)], 600)
     timings = json.loads(output.strip().splitlines()[-1])
-    output, command_s, _, code = run_measured(
-        [sys.executable, "-m", "rankstream", "--db", str(db), "--state-dir", str(root / "analyze-state"),
-         "analyze", "run", "--run", "big", "--only", "merge,steps,breakdown"], 600)
-    if code != 0:
-        raise SystemExit(f"rankstream analyze failed:\n{output[-2000:]}")
+    _, command_s, _ = _succeeded([sys.executable, "-m", "rankstream", "--db", str(db), "--state-dir",
+                                  str(root / "analyze-state"), "analyze", "run", "--run", "big", "--only",
+                                  "merge,steps,breakdown"], 600)
     return {"events": total, **timings, "command_s": command_s}
 
 
@@ -275,7 +275,7 @@ def main() -> None:
                     print("    (Composer's published merger not measured: pip install --no-deps mosaicml==0.32.1)")
             for megabytes in (float(mb) for mb in args.memory_mb.split(",") if mb):
                 (root / f"memory{megabytes:g}").mkdir()
-                wall, rss = merge_memory_round(root / f"memory{megabytes:g}", args.merge_files, megabytes)
+                wall, rss = merge_memory_round(root / f"memory{megabytes:g}", args.merge_files, megabytes, config)
                 print(f"  {args.merge_files} x {megabytes:g} MB, rankstream merge alone: {wall:.1f} s, {rss:.0f} MB peak")
                 shutil.rmtree(root / f"memory{megabytes:g}")
         if "hta" not in skip:

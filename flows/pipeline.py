@@ -48,9 +48,7 @@ def analyze_everything(db_path: Path, run_id: str, collectives: bool = True,
                 started = time.perf_counter()
                 analysis(database, run_id)
                 seconds[name] = time.perf_counter() - started
-    if only is not None:
-        return seconds
-    if collectives and connect(db_path).fetchall("SELECT count(*) > 0 FROM fr_entries WHERE run_id = $1", [run_id])[0][0]:
+    if collectives and only is None and connect(db_path).fetchall("SELECT count(*) > 0 FROM fr_entries WHERE run_id = $1", [run_id])[0][0]:
         from rankstream.flows.diagnose import analyze_stored
 
         started = time.perf_counter()
