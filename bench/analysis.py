@@ -33,8 +33,8 @@ from pathlib import Path
 from measure import run_measured
 from trace_files import write_composer_trace, write_kineto_trace
 
-from rankstream.config import config_env, load_config
-from rankstream.deploy.services import down, up
+from rankstream.schemas.settings import config_env, load_config
+from rankstream.services import down, up
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,7 +53,7 @@ class MaterializerRss:
     def __init__(self, config) -> None:
         import psutil
 
-        from rankstream.deploy.services import materializer_pid
+        from rankstream.services import materializer_pid
 
         self._process = psutil.Process(materializer_pid(config))
         self._stop = threading.Event()
@@ -132,7 +132,7 @@ def merge_round(root: Path, files: int, megabytes: float, config) -> dict:
     with MaterializerRss(config) as materializer:
         steps = [
             _rankstream(config, "import", "trace", *map(str, paths), "--run", run),
-            _rankstream(config, "analyze", "run", "--run", run, "--only", "merge"),
+            _rankstream(config, "analyze", "run", "--run", run, "--only", "clocks"),
             _rankstream(config, "timeline", "--run", run, "-o", str(root / f"{run}.json")),
         ]
     one_command = _rankstream(config, "merge", *map(str, paths), "-o", str(root / f"{run}-one-command.json"))
@@ -171,7 +171,7 @@ def hta_round(root: Path, events: int, config) -> dict:
     run = "hta-traces"
     with MaterializerRss(config) as materializer:
         steps = [_rankstream(config, "import", "trace", *map(str, sorted(traces.glob("*.json"))), "--run", run),
-                 _rankstream(config, "analyze", "run", "--run", run, "--only", "merge,steps,breakdown")]
+                 _rankstream(config, "analyze", "run", "--run", run, "--only", "clocks,steps,breakdown")]
     result.update(rankstream_s=sum(s for s, _ in steps), rankstream_mb=max(m for _, m in steps),
                   materializer_mb=materializer.peak_mb,
                   import_s=steps[0][0], analysis_s=steps[1][0])
@@ -218,7 +218,7 @@ def build_materialized(db: Path, events: int, ranks: int = 8) -> int:
 ANALYSES_SCRIPT = """
 import json, sys
 from rankstream.flows.pipeline import analyze_everything
-print(json.dumps(analyze_everything(sys.argv[1], "big", only=["merge", "steps", "breakdown"])))
+print(json.dumps(analyze_everything(sys.argv[1], "big", only=["clocks", "steps", "breakdown"])))
 """
 
 
@@ -234,7 +234,7 @@ def materialized_round(root: Path, events: int) -> dict:
     timings = json.loads(output.strip().splitlines()[-1])
     _, command_s, _ = _succeeded([sys.executable, "-m", "rankstream", "--db", str(db), "--state-dir",
                                   str(root / "analyze-state"), "analyze", "run", "--run", "big", "--only",
-                                  "merge,steps,breakdown"], 600)
+                                  "clocks,steps,breakdown"], 600)
     return {"events": total, **timings, "command_s": command_s}
 
 

@@ -1,7 +1,7 @@
 """rankstream diagnose against PyTorch's Flight Recorder analyzer, on the same dump files.
 
 For each size (ranks x entries per rank) it writes NCCL-style dumps with
-``rankstream.fr_dump_generator`` (default group, tensor-parallel groups of 8 with sequence-parallel
+``rankstream.demo.fr_dump_generator`` (default group, tensor-parallel groups of 8 with sequence-parallel
 all-gather/reduce-scatter, data-parallel all-reduce; rank 5 issues a wrong op two thirds in), then
 runs, as separate processes, ``python -m torch.distributed.flight_recorder.fr_trace DIR --prefix
 rank_`` and ``rankstream diagnose DIR --prefix rank_ --json``, and prints each one's verdict,
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--fault-rank", type=int, default=5)
     args = parser.parse_args()
 
-    from rankstream.fr_dump_generator import write_dumps
+    from rankstream.demo.fr_dump_generator import write_dumps
 
     rows = []
     for size in args.sizes.split(","):

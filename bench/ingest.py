@@ -37,10 +37,12 @@ from pathlib import Path
 
 import psutil
 
-from rankstream.config import config_env, load_config
+from rankstream.schemas.settings import config_env, load_config
 from rankstream.consumers.query import connect
 from rankstream.consumers.query_server import server_socket
-from rankstream.deploy.broker import start_broker, stop_broker, stop_process
+from rankstream.deploy.broker import stop_broker
+from rankstream.schemas.processes import stop_process
+from rankstream.services import start_embedded_broker
 from rankstream.producers import Producer
 
 NAMES = ("aten::linear", "aten::addmm", "aten::relu", "aten::mm", "aten::sum", "gloo:all_reduce")
@@ -169,7 +171,7 @@ def end_to_end(producers: int, seconds: float, rate: float) -> dict:
     config = load_config({"db_path": state_dir / "bench.duckdb", "state_dir": state_dir,
                           "broker_port": free_port(), "topic_prefix": "bench"}, env={})
     env = config_env(config)
-    broker = start_broker(config)
+    broker = start_embedded_broker(config)
     materializer = subprocess.Popen([sys.executable, "-m", "rankstream", "consume"], env={**os.environ, **env},
                                     stdout=subprocess.DEVNULL, stderr=open(state_dir / "materializer.log", "w"))
     while server_socket(config.db_path) is None:
@@ -233,7 +235,7 @@ def drain_rate(producers: int, events: int) -> dict:
     config = load_config({"db_path": state_dir / "drain.duckdb", "state_dir": state_dir,
                           "broker_port": free_port(), "topic_prefix": "drain"}, env={})
     env = config_env(config)
-    start_broker(config)
+    start_embedded_broker(config)
     try:
         context = multiprocessing.get_context("spawn")
         results = context.Queue()
@@ -272,7 +274,7 @@ def main() -> None:
     state_dir = Path(tempfile.mkdtemp(prefix="rankstream-bench-hot-"))
     config = load_config({"db_path": state_dir / "hot.duckdb", "state_dir": state_dir, "broker_port": free_port(),
                           "topic_prefix": "hot"}, env={})
-    start_broker(config)
+    start_embedded_broker(config)
     try:
         hot = calling_thread_cost(config, args.hot_path_events)
     finally:

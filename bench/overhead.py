@@ -163,13 +163,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from rankstream.config import config_env, load_config
-    from rankstream.deploy.broker import start_broker, stop_broker
+    from rankstream.schemas.settings import config_env, load_config
+    from rankstream.deploy.broker import stop_broker
+    from rankstream.services import start_embedded_broker
 
     out = tempfile.mkdtemp(prefix="rankstream-overhead-")
     config = load_config({"db_path": Path(out) / "o.duckdb", "state_dir": Path(out) / "state",
                           "broker_port": free_port()}, env={})
-    start_broker(config)
+    start_embedded_broker(config)
     env = {**config_env(config), "TORCH_FR_BUFFER_SIZE": "2000"}
     results: dict[str, list] = {"none": [], "export": [], "rankstream": []}
     try:

@@ -48,8 +48,8 @@ from pathlib import Path
 import duckdb
 import torch.multiprocessing as mp
 
-from rankstream.config import config_env, load_config
-from rankstream.deploy.services import down, up
+from rankstream.schemas.settings import config_env, load_config
+from rankstream.services import down, up
 
 WARMUP_STEPS = 20
 
@@ -257,13 +257,14 @@ def _cpu_per_second(runs: list[list[dict]]) -> dict[str, float]:
 
 
 def materializer_crashes(root: Path, kills: int) -> dict:
-    from rankstream.deploy.broker import start_broker, stop_broker
+    from rankstream.deploy.broker import stop_broker
+    from rankstream.services import start_embedded_broker
     from rankstream.producers import Producer
-    from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+    from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
     config = load_config({"db_path": root / "crash.duckdb", "state_dir": root / "cstate", "broker_port": _free_port(),
                           "partitions": 4}, env={})
-    start_broker(config)
+    start_embedded_broker(config)
     try:
         job = SyntheticJob("crashy", world_size=4, steps=100, events_per_step=1000)
         emitted = 0
@@ -330,8 +331,9 @@ def broker_restart(root: Path, name: str, window_bytes: int | None, outage_s: fl
     """Two paced ranks; pause the materializer, SIGKILL the broker, start it again, resume."""
     import threading
 
-    from rankstream.deploy.broker import broker_status, start_broker
-    from rankstream.deploy.services import materializer_pid
+    from rankstream.deploy.broker import broker_status
+    from rankstream.services import start_embedded_broker
+    from rankstream.services import materializer_pid
     from rankstream.producers import Producer
     from rankstream.status import RUNS_SQL
 
@@ -363,7 +365,7 @@ def broker_restart(root: Path, name: str, window_bytes: int | None, outage_s: fl
         steps_before_kill = min(done_steps)  # steps 0..this-1 were emitted by both ranks before the kill
         os.kill(broker_status(config).pid, signal.SIGKILL)
         time.sleep(outage_s)
-        start_broker(config)
+        start_embedded_broker(config)
         back = time.monotonic()
         os.kill(materializer, signal.SIGCONT)
         sql = "SELECT count(*) FROM trace_events WHERE run_id = ? AND step < ?"
@@ -466,7 +468,7 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
 def burst(root: Path, ranks: int, seconds: float) -> dict:
     """``ranks`` producer processes at full rate, forked (64 interpreter starts would take the burst)."""
     from rankstream.deploy.broker import broker_status
-    from rankstream.deploy.services import materializer_pid
+    from rankstream.services import materializer_pid
 
     caps = {"producer.max_buffered_events": 100_000, "producer.max_inflight_bytes": 16 << 20,
             "producer.resend_window_bytes": 16 << 20}
@@ -528,11 +530,11 @@ def fuzz(root: Path, count: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from kafka import KafkaProducer
 
-    from rankstream.deploy.kafka import client_options
-    from rankstream.deploy.memory_bus import MemoryBus
-    from rankstream.deploy.services import materializer_pid
+    from rankstream.producers.kafka_client import client_options
+    from tests.doubles import MemoryBus, MemoryTransport
+    from rankstream.services import materializer_pid
     from rankstream.producers import Producer
-    from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+    from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
     from tests.reliability.damage import MUTATIONS, mutate
 
     config = load_config({"db_path": root / "fuzz.duckdb", "state_dir": root / "fstate", "broker_port": _free_port(),
@@ -540,7 +542,7 @@ def fuzz(root: Path, count: int) -> dict:
     memory = MemoryBus(partitions=1)
     emitted = 0
     for rank in range(2):  # the valid job, captured first, so it can be interleaved with damage
-        producer = Producer(run_id="fuzzed", rank=rank, world_size=2, config=config, bus=memory)
+        producer = Producer(run_id="fuzzed", rank=rank, world_size=2, config=config, transport=MemoryTransport(memory))
         emitted += run_synthetic_rank(SyntheticJob("fuzzed", 2, 20, events_per_step=200), rank, producer)
         producer.close()
     valid = [(r.topic, r.key, r.value) for t in memory.topics() for r in memory.read(t, 0, 0, 10**7)]

@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from rankstream.config import Config
+from rankstream.schemas.config import Config
 from rankstream.consumers.source import KafkaSource, Source
 from rankstream.consumers.store import PreparedBatch, Store, prepare, summarize_lag
-from rankstream.errors import RankstreamError
+from rankstream.schemas.errors import RankstreamError
 
-__all__ = ["Materializer", "MaterializerStatus", "status_path"]
+__all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S"]
 
-_RETRY_S = 2.0
+RETRY_S = 2.0
 _STATUS_EVERY_S = 2.0
 _INCARNATION_CHECK_S = 1.0
 
@@ -131,10 +131,10 @@ class Materializer:
                 self._close()  # reopened at once: _open starts the new incarnation's logs from 0
             except RankstreamError as exc:
                 self._failed(str(exc))
-                stop.wait(_RETRY_S)
+                stop.wait(RETRY_S)
             except Exception as exc:  # DuckDB I/O (disk full...): one line, then retry
                 self._failed(f"write failed, will retry: {type(exc).__name__}: {exc}")
-                stop.wait(_RETRY_S)
+                stop.wait(RETRY_S)
         self._publish_status()
         self._close()
         return self.status
@@ -179,7 +179,7 @@ class Materializer:
     def _open(self) -> None:
         if self._opened:
             return
-        from rankstream.deploy.kafka import ensure_topics
+        from rankstream.producers.kafka_client import ensure_topics
 
         if isinstance(self.source, KafkaSource):
             ensure_topics(self.config)
@@ -219,7 +219,7 @@ class Materializer:
         (broker down, topics missing) must still show in ``rankstream status`` why."""
         self.status.last_error = message
         if message != self._last_complaint:
-            self.log(f"rankstream materializer: {message} (retrying every {_RETRY_S:.0f} s)")
+            self.log(f"rankstream materializer: {message} (retrying every {RETRY_S:.0f} s)")
             self._last_complaint = message
         self._close()
         self._publish_status()
@@ -245,53 +245,3 @@ class Materializer:
             os.replace(temporary, path)
         except OSError:
             pass
-
-
-def serve(config: Config, stop: threading.Event, *, once: bool = False, rebuild: bool = False,
-          query_server: bool = True, max_messages: int = 500,
-          log: Callable[[str], None] = print) -> MaterializerStatus:
-    """Open the database (waiting while another process holds it), then materialize, serve SQL and
-    (unless ``once``) watch running jobs for hangs and dead ranks (``flows.hang_watch``).
-
-    ``rebuild`` empties every projection and replays all partitions from offset 0; ``once``
-    stops when the offsets seen at start are reached.
-    """
-    from rankstream.consumers.query_server import QueryServer
-    from rankstream.consumers.store import open_writable
-    from rankstream.errors import DatabaseBusy
-
-    connection = None
-    complained = False
-    while connection is None and not stop.is_set():
-        try:
-            connection = open_writable(config.db_path)
-        except DatabaseBusy as exc:
-            if not complained:  # one line, not one per retry
-                log(f"rankstream materializer: {exc} (retrying every {_RETRY_S:.0f} s)")
-                complained = True
-            stop.wait(_RETRY_S)
-    if connection is None:
-        return MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
-    try:
-        connection.execute(f"SET memory_limit = '{config.materializer_memory_mb}MB'")
-        store = Store(connection)
-        if rebuild:
-            store.reset()
-            log(f"rankstream materializer: emptied {config.db_path}; replaying every partition from offset 0")
-        server = QueryServer(connection, config.db_path) if query_server else None
-        if server:
-            server.start()
-        from rankstream.flows.hang_watch import HangWatch
-
-        watch = HangWatch(connection) if not once else None
-        if watch:
-            watch.start()
-        try:
-            return Materializer(config, store, log=log, max_records=max_messages).run(stop, until_caught_up=once)
-        finally:
-            if watch:
-                watch.stop()
-            if server:
-                server.stop()
-    finally:
-        connection.close()

@@ -9,19 +9,18 @@ run SELECT/EXPLAIN statements; write requests (flows writing result tables) may 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import socketserver
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import pyarrow as pa
 
-from rankstream.deploy.broker import process_alive
-
+from rankstream.schemas.processes import process_alive
 from rankstream.consumers.query_protocol import (
     READ_STATEMENT_TYPES,
     read_request,
@@ -30,7 +29,7 @@ from rankstream.consumers.query_protocol import (
     sidecar_path,
 )
 
-__all__ = ["QueryServer", "PROCEDURE_PREFIX", "bindable_params", "check_read_only", "execute_script", "execute_to_arrow",
+__all__ = ["QueryServer", "PROCEDURE_PREFIX", "register_procedure", "bindable_params", "check_read_only", "execute_script", "execute_to_arrow",
            "server_socket"]
 
 
@@ -52,17 +51,21 @@ def check_read_only(connection: duckdb.DuckDBPyConnection, sql: str) -> None:
 
 #: Analysis steps written in Python that a script may name instead of SQL (``procedure:NAME``):
 #: they run next to the data, on the script's connection and inside its transaction, so rows never
-#: travel to the caller. Only the names listed here can be called.
-PROCEDURES = {"union_lengths": "rankstream.flows.breakdown:union_lengths"}
+#: travel to the caller. Only registered names can be called; the analyses register theirs
+#: (``flows.breakdown``), and a materializer started by ``rankstream consume`` loads them.
+PROCEDURES: dict[str, Callable[[duckdb.DuckDBPyConnection, dict], None]] = {}
 PROCEDURE_PREFIX = "procedure:"
 
 
+def register_procedure(name: str, function: Callable[[duckdb.DuckDBPyConnection, dict], None]) -> None:
+    PROCEDURES[name] = function
+
+
 def _procedure(sql: str):
-    target = PROCEDURES.get(sql[len(PROCEDURE_PREFIX):])
-    if target is None:
+    function = PROCEDURES.get(sql[len(PROCEDURE_PREFIX):])
+    if function is None:
         raise PermissionError(f"no such procedure: {sql!r} (known: {sorted(PROCEDURES)})")
-    module, _, function = target.partition(":")
-    return getattr(importlib.import_module(module), function)
+    return function
 
 
 #: The result of a statement that returns none. Built from a buffer: turning any Python value into

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
-from rankstream.config import Config
-from rankstream.deploy.memory_bus import MemoryBus
-from rankstream.deploy.kafka import describe
-from rankstream.errors import BrokerUnavailable
+from rankstream.schemas.config import Config
+from rankstream.producers.kafka_client import describe
+from rankstream.schemas.errors import BrokerUnavailable
 from rankstream.schemas.topics import Record
 
-__all__ = ["Record", "Source", "KafkaSource", "MemorySource"]
+__all__ = ["Record", "Source", "KafkaSource", "Position"]
 
 Position = tuple[str, int]
 
@@ -45,7 +44,7 @@ class KafkaSource:
     def open(self, offsets: Mapping[Position, int]) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
-        from rankstream.deploy.kafka import client_options
+        from rankstream.producers.kafka_client import client_options
 
         self.close()
         try:
@@ -109,7 +108,7 @@ class KafkaSource:
         return {(tp.topic, tp.partition): self._consumer.position(tp) for tp in self._partitions}
 
     def incarnation(self) -> dict[str, str]:
-        from rankstream.deploy.kafka import TopicIds
+        from rankstream.producers.kafka_client import TopicIds
 
         if self._topic_ids is None:
             self._topic_ids = TopicIds(self._config, self._topics)
@@ -125,40 +124,3 @@ class KafkaSource:
             except Exception:
                 pass
             self._consumer = None
-
-
-class MemorySource:
-    """Reads a :class:`MemoryBus` the same way, for unit tests."""
-
-    def __init__(self, bus: MemoryBus, topics: list[str]) -> None:
-        self._bus = bus
-        self._topics = topics
-        self._next: dict[Position, int] = {}
-
-    def open(self, offsets: Mapping[Position, int]) -> None:
-        self._next = {
-            (topic, p): offsets.get((topic, p), 0) for topic in self._topics for p in range(self._bus.partitions)
-        }
-
-    def poll(self, timeout_s: float, max_records: int) -> list[Record]:
-        records: list[Record] = []
-        for (topic, partition), offset in self._next.items():
-            room = max_records - len(records)
-            if room <= 0:
-                break
-            got = self._bus.read(topic, partition, offset, room)
-            records += got
-            self._next[(topic, partition)] = offset + len(got)
-        return records
-
-    def end_offsets(self) -> dict[Position, int]:
-        return {pos: self._bus.end_offset(*pos) for pos in self._next}
-
-    def positions(self) -> dict[Position, int]:
-        return dict(self._next)
-
-    def incarnation(self) -> dict[str, str]:
-        return self._bus.topic_ids(self._topics)
-
-    def close(self) -> None:
-        pass

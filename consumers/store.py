@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from rankstream.consumers.projector import MESSAGE_COLUMN, project
 from rankstream.schemas.topics import Record
-from rankstream.errors import DatabaseBusy, RankstreamError
+from rankstream.schemas.errors import DatabaseBusy, RankstreamError
 from rankstream.schemas.codec import DecodeFailure, decode
 from rankstream.schemas.envelope import Envelope
 from rankstream.schemas.tables import BOOKKEEPING_TABLES, PROJECTION_TABLES, ddl

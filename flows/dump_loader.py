@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
 from rankstream.producers.importing import check_input_file, paused_gc
 from rankstream.consumers.projector import FR_FRAMES_TYPE, FR_SIZES_TYPE

@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 
 from rankstream.consumers.query import Database
-from rankstream.flows.merge import clock_offsets, merge_run
+from rankstream.flows.clocks import clock_offsets, align_clocks
 from rankstream.flows.timeline import TimelineResult, write_timeline
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.import_trace import TraceFile, check_inputs, file_parts, scan_files
@@ -69,7 +69,7 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
                     _insert(connection, info, batches)
                 files[files.index(None)] = info
             database = Database.over(connection, "the merge's scratch database")
-            merge_run(database, RUN_ID)
+            align_clocks(database, RUN_ID)
             return MergedTraces(files=files, offsets=clock_offsets(database, RUN_ID),
                                 timeline=write_timeline(database, RUN_ID, output, steps=steps, window=window,
                                                         max_events=max_events))

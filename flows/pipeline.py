@@ -1,4 +1,4 @@
-"""The run analyses in their order: merge first (every other analysis reads the aligned clock),
+"""The run analyses in their order: clock alignment first (every other analysis reads the aligned clock),
 then steps, communication and breakdowns, then collective diagnosis when the run has FR data.
 
 Plain functions: the Prefect flows (``flows.prefect_flows``), ``rankstream analyze`` and
@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from rankstream.consumers.query import connect
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.flows.breakdown import analyze_breakdown
 from rankstream.flows.comms import analyze_communication
-from rankstream.flows.merge import merge_run
+from rankstream.flows.clocks import align_clocks
 from rankstream.flows.run_tables import require_run
 from rankstream.flows.steps import analyze_steps
 
@@ -22,7 +22,7 @@ __all__ = ["ANALYSES", "analyze_everything", "finished_runs_to_analyze"]
 
 #: name -> function(db_path, run_id); the order is the dependency order.
 ANALYSES = {
-    "merge": merge_run,
+    "clocks": align_clocks,
     "steps": analyze_steps,
     "communication": analyze_communication,
     "breakdown": analyze_breakdown,

@@ -1,10 +1,10 @@
 """Prefect flows over the plain analysis functions, for scheduled and triggered use.
 
-The logic lives in plain functions (``flows.merge``, ``flows.steps``, ``flows.comms``,
+The logic lives in plain functions (``flows.clocks``, ``flows.steps``, ``flows.comms``,
 ``flows.breakdown``, ``flows.timeline``, ``flows.diagnose``); these flows only wrap them as tasks.
 Tasks pass the database path, run ids and file names, never rows: every analysis reads its inputs
 from DuckDB and writes its result tables there (through the materializer's query server while it
-runs). Prefect is imported only here and in ``rankstream.serve``, so nothing else needs it.
+runs). Prefect is imported only here and in ``rankstream.schedules``, so nothing else needs it.
 
 Schedules live in ``deploy/prefect.yaml``; ``rankstream serve`` serves them.
 """
@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from rankstream.flows.diagnose import analyze_stored
 from rankstream.flows.pipeline import ANALYSES, finished_runs_to_analyze
 
-__all__ = ["collective_diagnosis", "merge", "step_analysis", "communication_analysis", "breakdown_analysis",
+__all__ = ["collective_diagnosis", "clock_alignment", "step_analysis", "communication_analysis", "breakdown_analysis",
            "timeline", "run_analyses", "end_of_run", "recent_runs"]
 
 
@@ -71,37 +71,37 @@ def _runs(db_path: str, run_ids: list[str] | None, within_minutes: float) -> lis
     return run_ids or recent_runs(db_path, within_minutes)
 
 
-def _merged_then(db_path: str, run_ids: list[str] | None, within_minutes: float, analysis: str) -> list[str]:
-    """Per run: align the clocks, then ``analysis`` (which waits on the merge's task)."""
-    return [analysis_task(db_path, analysis_task(db_path, run, "merge"), analysis)
+def _aligned_then(db_path: str, run_ids: list[str] | None, within_minutes: float, analysis: str) -> list[str]:
+    """Per run: align the clocks, then ``analysis`` (which waits on the alignment's task)."""
+    return [analysis_task(db_path, analysis_task(db_path, run, "clocks"), analysis)
             for run in _runs(db_path, run_ids, within_minutes)]
 
 
-@flow(name="rankstream-merge")
-def merge(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None, within_minutes: float = 60.0) -> list[str]:
+@flow(name="rankstream-clock-alignment")
+def clock_alignment(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None, within_minutes: float = 60.0) -> list[str]:
     """Per-rank clock offsets (barrier, FR, profiler) for the given or recently active runs."""
-    return [analysis_task(db_path, run, "merge") for run in _runs(db_path, run_ids, within_minutes)]
+    return [analysis_task(db_path, run, "clocks") for run in _runs(db_path, run_ids, within_minutes)]
 
 
 @flow(name="rankstream-step-analysis")
 def step_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                   within_minutes: float = 60.0) -> list[str]:
-    """Merge, then step_trace and rank_slowness, per run."""
-    return _merged_then(db_path, run_ids, within_minutes, "steps")
+    """Clock alignment, then step_trace and rank_slowness, per run."""
+    return _aligned_then(db_path, run_ids, within_minutes, "steps")
 
 
 @flow(name="rankstream-communication-analysis")
 def communication_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                            within_minutes: float = 60.0) -> list[str]:
     """Merge, then comm_summary and comm_matrix, per run."""
-    return _merged_then(db_path, run_ids, within_minutes, "communication")
+    return _aligned_then(db_path, run_ids, within_minutes, "communication")
 
 
 @flow(name="rankstream-breakdown-analysis")
 def breakdown_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                        within_minutes: float = 60.0) -> list[str]:
     """Merge, then temporal_breakdown and op_stats, per run."""
-    return _merged_then(db_path, run_ids, within_minutes, "breakdown")
+    return _aligned_then(db_path, run_ids, within_minutes, "breakdown")
 
 
 @flow(name="rankstream-timeline")
@@ -109,7 +109,7 @@ def timeline(db_path: str = "rankstream.duckdb", output_dir: str = "timelines", 
              within_minutes: float = 60.0, max_events: int = 2_000_000) -> dict[str, list[str]]:
     """Merge, then a Chrome trace per run in ``output_dir`` (split by step range past ``max_events``)."""
     runs = _runs(db_path, run_ids, within_minutes)
-    return {run: timeline_task(db_path, analysis_task(db_path, run, "merge"), output_dir, max_events) for run in runs}
+    return {run: timeline_task(db_path, analysis_task(db_path, run, "clocks"), output_dir, max_events) for run in runs}
 
 
 @flow(name="rankstream-collective-diagnosis")
@@ -121,7 +121,7 @@ def collective_diagnosis(db_path: str = "rankstream.duckdb", run_ids: list[str] 
 
 @flow(name="rankstream-run-analyses")
 def run_analyses(db_path: str = "rankstream.duckdb", run_id: str = "", timeline_dir: str | None = None) -> dict:
-    """Everything for one run: merge, steps, communication, breakdown, collective diagnosis and,
+    """Everything for one run: clock alignment, steps, communication, breakdown, collective diagnosis and,
     with ``timeline_dir``, the timeline."""
     for analysis in ANALYSES:
         analysis_task(db_path, run_id, analysis)

@@ -1,6 +1,6 @@
 """Writing an analysis's result rows for one run, whoever holds the database.
 
-Every analysis (merge, steps, communication, breakdown) is a list of SQL statements over one run
+Every analysis (clocks, steps, communication, breakdown) is a list of SQL statements over one run
 that replace that run's rows in its result tables. ``replace_run_rows`` sends them as one
 transaction through :func:`rankstream.consumers.query.connect`: to the materializer's query
 server while it runs (so a live run is analyzed where its data is, without a file lock), or to the
@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from rankstream.consumers.query import Database, connect
 from rankstream.consumers.query_server import PROCEDURE_PREFIX
-from rankstream.errors import BadInput, QueryError
+from rankstream.schemas.errors import BadInput, QueryError
 from rankstream.schemas.tables import SCHEMA_VERSION, ddl
 
 __all__ = ["replace_run_rows", "analysis_done", "bind", "require_run", "ensure_schema"]
@@ -68,7 +68,7 @@ def replace_run_rows(db_path: Path, run_id: str, analysis: str, tables: Iterable
                      statements: Iterable[str], detail: str | None = None, **values: Any) -> None:
     """Delete ``run_id``'s rows from ``tables`` and run ``statements`` (which insert the new rows),
     all in one transaction, then record the analysis in ``analyses_done``. A statement may be a
-    ``procedure:NAME`` (see ``consumers.query_server.PROCEDURES``), called with every value."""
+    ``procedure:NAME`` (see ``consumers.query_server.register_procedure``), called with every value."""
     ensure_schema(db_path)
     # without a materializer, scheduled flows take turns on the file's write lock: wait for it
     database = connect(db_path, read_only=False, wait_s=120)

@@ -1,6 +1,6 @@
 """Timeline: a run as a Chrome trace (chrome://tracing, Perfetto), written as a stream.
 
-``write_timeline`` reads the run on the aligned clock (``flows.merge``) and writes one JSON object
+``write_timeline`` reads the run on the aligned clock (``flows.clocks``) and writes one JSON object
 ``{"traceEvents": [...], "otherData": {...}}``, ``.json`` or ``.json.gz``:
 
 * per rank a process (pid = rank) named and sorted by rank, its threads named as the rank named them;
@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from rankstream.consumers.query import Database, connect
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.flows.run_tables import bind, ensure_schema
 
 __all__ = ["write_timeline", "TimelineResult", "COLLECTIVES_TID_BASE"]

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from rankstream.errors import RankstreamError
+from rankstream.schemas.errors import RankstreamError
 from rankstream.schemas.codec import pack_local, unpack_local
 from rankstream.schemas.trace import TraceBatch
 

@@ -13,20 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankstream.config import Config
-from rankstream.errors import BadInput
+from rankstream.schemas.config import Config
+from rankstream.schemas.errors import BadInput
 from rankstream.producers.importing import (
     ImportSummary,
     check_input_file,
     content_session_id,
     publish_ranks,
-    wait_materialized,
 )
 from rankstream.schemas.fields import PayloadError
 from rankstream.schemas.fr_dump import entry_from_dump, groups_from_pg_config, status_from_pg_status
 from rankstream.schemas.safe_pickle import UnsafePickle, safe_loads
 
-__all__ = ["FrDump", "read_fr_dump", "read_fr_directory", "list_fr_files", "parse_dump_bytes", "import_fr"]
+__all__ = ["FrDump", "read_fr_dump", "read_fr_directory", "list_fr_files", "parse_dump_bytes", "publish_fr_dumps"]
 
 _CHUNK = 1000
 
@@ -101,8 +100,9 @@ def read_fr_directory(directory: Path, prefix: str = "rank", selected_ranks: set
     return [read_fr_dump(path, rank) for rank, path in list_fr_files(directory, prefix, selected_ranks)]
 
 
-def import_fr(config: Config, directory: Path, *, prefix: str = "rank", run_id: str | None = None,
-              wait: bool = True) -> ImportSummary:
+def publish_fr_dumps(config: Config, directory: Path, *, prefix: str = "rank",
+                     run_id: str | None = None) -> ImportSummary:
+    """Check every dump of ``directory``, then publish them through the bus, one producer per rank."""
     dumps = read_fr_directory(directory, prefix)
     world_size = max(len(dumps), max(d.rank for d in dumps) + 1,
                      max((max(g["ranks"]) + 1 for d in dumps for g in d.groups if g["ranks"]), default=0))
@@ -121,6 +121,4 @@ def import_fr(config: Config, directory: Path, *, prefix: str = "rank", run_id: 
             return {dump.rank: len(dump.entries)}
 
         publish_ranks(config, summary.run_id, [dump.rank], world_size, dump.session_id, fill, summary)
-    if wait:
-        wait_materialized(config, summary)
     return summary

@@ -40,15 +40,14 @@ from typing import Any, Iterator
 import ijson
 import numpy as np
 
-from rankstream.config import Config
-from rankstream.errors import BadInput, RankstreamError
+from rankstream.schemas.config import Config
+from rankstream.schemas.errors import BadInput, RankstreamError
 from rankstream.producers.importing import (
     ImportSummary,
     check_input_file,
     content_session_id,
     publish_ranks,
     wait_for_room,
-    wait_materialized,
 )
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.trace_columns import (Steps, as_int, event_columns, finish_batch, step_number, steps_by_pid,
@@ -57,7 +56,7 @@ from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace
 from rankstream.schemas.trace import TraceBatch
 
 __all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts",
-           "import_traces"]
+           "publish_traces"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
 CHROME_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
@@ -252,8 +251,9 @@ def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory
                                   "import the files one at a time") from None
 
 
-def import_traces(config: Config, paths: list[Path], *, run_id: str | None = None, rank: int | None = None,
-                  wait: bool = True) -> ImportSummary:
+def publish_traces(config: Config, paths: list[Path], *, run_id: str | None = None,
+                   rank: int | None = None) -> ImportSummary:
+    """Check every file, then publish their events through the bus (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="rankstream-import-") as directory:
         scanned = scan_files(paths, rank, config.producer.batch_events, Path(directory))
         ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
@@ -265,6 +265,4 @@ def import_traces(config: Config, paths: list[Path], *, run_id: str | None = Non
                 publish_ranks(config, summary.run_id, targets, world_size, info.session_id,
                               lambda producers, info=info, batches=batches: _emit_events(info, batches, producers),
                               summary)
-    if wait:
-        wait_materialized(config, summary)
     return summary

@@ -6,28 +6,26 @@ good does it publish anything, so a bad file never leaves half an import behind.
 is published under a session id derived from the input's bytes: importing the same file again
 produces the same batch keys, and the materializer drops the repeat.
 
-After publishing, the import waits until the data is in DuckDB: through the running materializer
-if there is one, otherwise by materializing once in this process.
+Waiting until the data is in DuckDB is the consumers' side (``consumers.imports``).
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from rankstream.config import Config
-from rankstream.errors import BadInput, RankstreamError
+from rankstream.schemas.config import Config
+from rankstream.schemas.errors import BadInput, RankstreamError
 
 if TYPE_CHECKING:
     from rankstream.producers.producer import Producer
 
-__all__ = ["ImportSummary", "content_session_id", "publish_ranks", "wait_materialized", "check_input_file",
+__all__ = ["ImportSummary", "content_session_id", "publish_ranks", "check_input_file",
            "paused_gc"]
 
 #: Files above this size are refused; nothing rankstream imports legitimately comes close.
@@ -114,28 +112,3 @@ def publish_ranks(config: Config, run_id: str, ranks: list[int], world_size: int
     for producer in producers.values():
         summary.messages += sum(producer.messages_sent().values())
         summary.sessions.append(producer.session_id)
-
-
-def wait_materialized(config: Config, summary: ImportSummary, timeout_s: float = 300.0) -> None:
-    """Block until DuckDB holds every message of the import."""
-    from rankstream.consumers.query import connect
-    from rankstream.consumers.query_server import server_socket
-
-    if server_socket(config.db_path) is None:
-        from rankstream.consumers.materializer import serve
-
-        serve(config, threading.Event(), once=True, query_server=False, log=lambda line: None)
-    database = connect(config.db_path, wait_s=30)
-    placeholders = ", ".join("?" for _ in summary.sessions)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stored = database.fetchall(
-            f"SELECT count(*) FROM ingested_batches WHERE run_id = ? AND session_id IN ({placeholders})",
-            [summary.run_id, *summary.sessions])[0][0]
-        if stored >= summary.messages:
-            summary.materialized = True
-            return
-        if time.monotonic() > deadline:
-            raise RankstreamError(f"only {stored} of {summary.messages} imported messages reached "
-                                  f"{config.db_path} within {timeout_s:.0f} s; is the materializer running?")
-        time.sleep(0.1)

@@ -29,11 +29,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from rankstream.config import Config, ProducerSettings, load_config
-from rankstream.deploy.memory_bus import MemoryBus
+from rankstream.schemas.config import Config, ProducerSettings
+from rankstream.schemas.settings import load_config
 from rankstream.producers.delivery import Delivery
 from rankstream.producers.spool import Spool, SpooledMessage
-from rankstream.producers.transport import KafkaTransport, MemoryTransport, Transport
+from rankstream.producers.transport import KafkaTransport, Transport
+from tests.doubles import MemoryTransport
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind, Stream
 from rankstream.schemas.records import HEARTBEAT_COUNTERS, RECOVERY_COUNTERS, FrBatch, Heartbeat, PgConfig, RankMeta
@@ -85,13 +86,13 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
 class Producer:
     """Streams one rank's trace events, Flight Recorder entries and metadata to the bus.
 
-    ``transport`` (or ``bus``, an in-memory bus for tests) replaces Kafka; by default the
-    configured Kafka cluster or the embedded broker is used.
+    ``transport`` replaces Kafka (tests pass an in-memory one); by default the configured Kafka
+    cluster or the embedded broker is used.
     """
 
     def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config | None = None,
                  enabled: bool = True, metadata: Mapping[str, Any] | None = None,
-                 transport: Transport | None = None, bus: MemoryBus | None = None,
+                 transport: Transport | None = None,
                  session_id: str | None = None) -> None:
         self.run_id = run_id
         self.rank = rank
@@ -123,7 +124,7 @@ class Producer:
         self._key = message_key(run_id, rank)
         self._topics = {stream: topic_for(self._config.topic_prefix, stream) for stream in Stream}
         if transport is None:
-            transport = MemoryTransport(bus) if bus is not None else KafkaTransport(self._config)
+            transport = KafkaTransport(self._config)
         spool = Spool(self._config.spool_dir, run_id, rank, settings.spool_max_bytes)
         self._groups: list | None = None
         self._delivery = Delivery(transport, spool, settings.max_inflight_bytes,

@@ -16,7 +16,8 @@ import time
 import uuid
 from typing import Any
 
-from rankstream.config import Config, LaunchEnvironment, flight_recorder_buffer_size
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import LaunchEnvironment, flight_recorder_buffer_size
 from rankstream.producers.clock_sync import ClockRounds
 from rankstream.producers.flight_recorder import FlightRecorderTap
 from rankstream.producers.producer import Producer

@@ -25,7 +25,7 @@ from typing import Iterator
 import ijson
 import orjson
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.producers.importing import paused_gc
 
 __all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]

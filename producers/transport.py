@@ -15,11 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Callable, Protocol
 
-from rankstream.config import Config
-from rankstream.deploy.memory_bus import MemoryBus
-from rankstream.errors import BrokerUnavailable
+from rankstream.schemas.config import Config
+from rankstream.schemas.errors import BrokerUnavailable
 
-__all__ = ["Transport", "KafkaTransport", "MemoryTransport"]
+__all__ = ["Transport", "KafkaTransport", "Done"]
 
 Done = Callable[[BaseException | None], None]
 
@@ -58,7 +57,7 @@ class KafkaTransport:
     def connect(self) -> bool:
         if self._producer is not None:
             return True
-        from rankstream.deploy.kafka import unreachable
+        from rankstream.producers.kafka_client import unreachable
 
         why = unreachable(self._config)
         if why is not None:  # nothing listens: skip the Kafka client's whole bootstrap timeout
@@ -66,7 +65,7 @@ class KafkaTransport:
             return False
         from kafka import KafkaProducer
 
-        from rankstream.deploy.kafka import client_options, ensure_topics
+        from rankstream.producers.kafka_client import client_options, ensure_topics
 
         settings = self._config.producer
         try:
@@ -105,7 +104,7 @@ class KafkaTransport:
                 self.last_error = f"{type(exc).__name__}: {exc}"
 
     def incarnation(self) -> str | None:
-        from rankstream.deploy.kafka import TopicIds
+        from rankstream.producers.kafka_client import TopicIds
         from rankstream.schemas.topics import all_topics
 
         if self._topic_ids is None:
@@ -144,31 +143,3 @@ def _abandon(producer) -> None:
         producer._closed = True
     except Exception:
         pass
-
-
-class MemoryTransport:
-    """Sends to a :class:`MemoryBus`; acknowledges synchronously."""
-
-    def __init__(self, bus: MemoryBus) -> None:
-        self.bus = bus
-        self.last_error: str | None = None
-
-    def connect(self) -> bool:
-        return self.bus.available
-
-    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None:
-        try:
-            self.bus.append(topic, key, value)
-        except ConnectionError as exc:
-            done(exc)
-            return
-        done(None)
-
-    def flush(self, timeout_s: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def incarnation(self) -> str | None:
-        return f"memory-{self.bus.incarnation}" if self.bus.available else None

@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from rankstream.config import (
-    Config,
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import (
     enable_flight_recorder,
     env_flag,
     flight_recorder_buffer_size,

@@ -1,6 +1,6 @@
 """The ``rankstream`` command line.
 
-Every command resolves one :class:`~rankstream.config.Config` from its flags, the environment and
+Every command resolves one :class:`~rankstream.schemas.config.Config` from its flags, the environment and
 the config file. Errors are printed as one line (``rankstream: error: ...``) with exit code 2;
 tracebacks are for bugs only.
 """
@@ -19,8 +19,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rankstream.config import Config, load_config
-from rankstream.errors import RankstreamError
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import load_config
+from rankstream.schemas.errors import RankstreamError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Stream PyTorch traces and Flight Recorder entries from every rank into DuckDB.")
@@ -62,9 +63,9 @@ def _global_options(
 @broker_app.command("start")
 def broker_start() -> None:
     """Start the embedded broker and wait until it answers."""
-    from rankstream.deploy.broker import start_broker
+    from rankstream.services import start_embedded_broker
 
-    state = start_broker(config())
+    state = start_embedded_broker(config())
     console.print(f"broker up: {state.bootstrap} (pid {state.pid}, log {state.log})")
 
 
@@ -92,7 +93,7 @@ def broker_status_command() -> None:
 @app.command()
 def up() -> None:
     """Start the embedded broker (unless a cluster is configured) and a background materializer."""
-    from rankstream.deploy.services import up as start
+    from rankstream.services import up as start
 
     cfg = config()
     services = start(cfg)
@@ -103,7 +104,7 @@ def up() -> None:
 @app.command()
 def down() -> None:
     """Stop what `rankstream up` started."""
-    from rankstream.deploy.services import down as stop
+    from rankstream.services import down as stop
 
     stopped = stop(config())
     console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -117,14 +118,14 @@ def consume(
     max_messages: int = typer.Option(500, min=1, help="Messages per poll, i.e. per DuckDB transaction."),
 ) -> None:
     """Materialize the topics into DuckDB in the foreground (Ctrl-C stops cleanly)."""
-    from rankstream.consumers.materializer import serve
+    from rankstream.services import materialize
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     cfg = config()
     errors.print(f"rankstream consume: {cfg.bootstrap_servers} -> {cfg.db_path}")
-    status = serve(cfg, stop, once=once, rebuild=rebuild, query_server=serve_sql, max_messages=max_messages,
+    status = materialize(cfg, stop, once=once, rebuild=rebuild, query_server=serve_sql, max_messages=max_messages,
                    log=_log_line)
     errors.print(f"consumed {status.messages} messages, {status.events} events, "
                  f"{status.rejected} rejected, {status.duplicates} duplicates skipped")
@@ -148,7 +149,7 @@ def import_fr_command(
     run: Optional[str] = typer.Option(None, "--run", help="Run id to file the data under (default fr-<folder>)."),
 ) -> None:
     """Import per-rank FR dumps (NCCL or gloo, torch 2.x); pickles are read without running code."""
-    from rankstream.producers.import_fr import import_fr
+    from rankstream.consumers.imports import import_fr
 
     _report_import(import_fr(config(), directory, prefix=prefix, run_id=run))
 
@@ -160,7 +161,7 @@ def import_trace_command(
     rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
 ) -> None:
     """Import torch.profiler / Kineto, Composer and generic Chrome traces, streamed."""
-    from rankstream.producers.import_trace import import_traces
+    from rankstream.consumers.imports import import_traces
 
     _report_import(import_traces(config(), files, run_id=run, rank=rank))
 
@@ -228,7 +229,7 @@ def analyze_collectives(
 @analyze_app.command("run")
 def analyze_run_command(
     run: str = typer.Option(..., "--run", help="The run to analyze."),
-    only: Optional[str] = typer.Option(None, help="Only these analyses: merge, steps, communication, breakdown."),
+    only: Optional[str] = typer.Option(None, help="Only these analyses: clocks, steps, communication, breakdown."),
 ) -> None:
     """Merge clocks, then step, communication and breakdown analyses (and collective diagnosis when
     the run has Flight Recorder data); results go to their tables."""
@@ -354,7 +355,7 @@ def serve_command(
 ) -> None:
     """Run the analysis flows on their schedules (starts a local Prefect server unless
     PREFECT_API_URL is set; stops it on exit)."""
-    from rankstream.serve import DEFAULT_PREFECT_FILE, serve
+    from rankstream.schedules import DEFAULT_PREFECT_FILE, serve
 
     def ready(url: str, names: list[str]) -> None:
         console.print(f"serving {len(names)} deployments against {url}: {', '.join(names)} (Ctrl-C stops)")
@@ -418,8 +419,8 @@ def demo(
 ) -> None:
     """Start what is needed, run a real 4-rank gloo training job streamed by rankstream, show what
     was captured, stop."""
-    from rankstream.demo import run_demo
-    from rankstream.demo_job import FAULTS
+    from rankstream.demo.runner import run_demo
+    from rankstream.demo.job import FAULTS
 
     if fault not in FAULTS:
         raise typer.BadParameter(f"--fault must be one of {', '.join(FAULTS)}")

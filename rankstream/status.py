@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rankstream.config import Config
+from rankstream.schemas.config import Config
 
 __all__ = ["collect_status", "render_status"]
 
@@ -57,7 +57,7 @@ def collect_status(config: Config) -> dict[str, Any]:
     from rankstream.consumers.materializer import status_path
     from rankstream.consumers.query import connect
     from rankstream.deploy.broker import broker_status
-    from rankstream.deploy.services import materializer_pid
+    from rankstream.services import materializer_pid
 
     report: dict[str, Any] = {"db_path": str(config.db_path), "bootstrap_servers": config.bootstrap_servers}
     broker = broker_status(config) if config.uses_embedded_broker else None

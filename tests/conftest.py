@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rankstream.config import Config, load_config
-from rankstream.deploy.broker import start_broker, stop_broker
-from rankstream.deploy.memory_bus import MemoryBus
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import load_config
+from rankstream.deploy.broker import stop_broker
+from rankstream.services import start_embedded_broker
+from tests.doubles import MemoryBus
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def broker_port(tmp_path_factory):
     config = load_config({"broker_port": free_port(), "state_dir": tmp_path_factory.mktemp("broker")}, env={})
-    start_broker(config)
+    start_embedded_broker(config)
     yield config.broker_port
     stop_broker(config)
 

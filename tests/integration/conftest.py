@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from rankstream.config import config_env, load_config
+from rankstream.schemas.settings import config_env, load_config
 from ..conftest import broker_port, free_port, kafka_config  # noqa: F401  (shared with tests/reliability)
 
 
@@ -30,7 +30,7 @@ def cli(config, *args, timeout=120, check=True, **kwargs) -> subprocess.Complete
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     """The embedded broker plus a background materializer (with its hang watch), as `rankstream up`."""
-    from rankstream.deploy.services import down, up
+    from rankstream.services import down, up
 
     root = tmp_path_factory.mktemp("live")
     config = load_config({"db_path": root / "live.duckdb", "state_dir": root / "state", "broker_port": free_port(),

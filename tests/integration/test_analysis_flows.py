@@ -14,9 +14,9 @@ import uuid
 import duckdb
 import pytest
 
-from rankstream.config import config_env, load_config
+from rankstream.schemas.settings import config_env, load_config
 from rankstream.consumers.query import connect
-from rankstream.demo_job import JobSpec, start_job
+from rankstream.demo.job import JobSpec, start_job
 from rankstream.flows.chrome_trace import check_chrome_trace
 
 from ..unit.run_builder import build_run

@@ -6,8 +6,9 @@ import time
 import duckdb
 import pytest
 
-from rankstream.consumers.materializer import serve
-from rankstream.deploy.broker import start_broker, stop_broker
+from rankstream.services import materialize
+from rankstream.deploy.broker import stop_broker
+from rankstream.services import start_embedded_broker
 from rankstream.producers import Producer
 
 from .conftest import free_port
@@ -29,7 +30,7 @@ def emit_steps(producer, label, steps, per_step=1_000):
 def test_outage_keeps_the_caller_unblocked_and_delivers_after_return(make_config):
     config = make_config(broker_port=free_port(), partitions=2,
                          **{"producer.batch_events": 500, "producer.max_inflight_bytes": 256 << 10})
-    start_broker(config)
+    start_embedded_broker(config)
     producer = Producer(run_id="outage", rank=0, world_size=1, config=config)
     emit_steps(producer, "before", steps=5)
     assert producer.flush(timeout_s=10)
@@ -44,7 +45,7 @@ def test_outage_keeps_the_caller_unblocked_and_delivers_after_return(make_config
     assert during.broker == "down"
     assert slowest < 0.05, f"an emit call took {slowest * 1000:.1f} ms during the outage"
 
-    start_broker(config)  # a new, empty broker on the same port
+    start_embedded_broker(config)  # a new, empty broker on the same port
     deadline = time.monotonic() + 60
     while producer.stats().events_sent < 25_000 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -52,7 +53,7 @@ def test_outage_keeps_the_caller_unblocked_and_delivers_after_return(make_config
     try:
         assert stats.events_dropped == 0
         assert stats.events_sent >= 25_000
-        serve(config, threading.Event(), once=True, log=lambda line: None)
+        materialize(config, threading.Event(), once=True, log=lambda line: None)
         con = duckdb.connect(str(config.db_path), read_only=True)
         during_rows = con.execute("SELECT count(*) FROM trace_events WHERE name = 'during'").fetchone()[0]
         con.close()

@@ -12,14 +12,14 @@ import duckdb
 import pytest
 from kafka import KafkaProducer
 
-from rankstream.config import config_env
-from rankstream.consumers.materializer import serve
+from rankstream.schemas.settings import config_env
+from rankstream.services import materialize
 from rankstream.consumers.query import connect
 from rankstream.consumers.query_server import server_socket
-from rankstream.deploy.kafka import ensure_topics
+from rankstream.producers.kafka_client import ensure_topics
 from rankstream.producers import Producer
 from rankstream.schemas import Stream, topic_for
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 from .conftest import cli
 
@@ -40,7 +40,7 @@ def produce(config, ranks=2, steps=4, events_per_step=500, run_id="job"):
 
 
 def consume_once(config, **kwargs):
-    return serve(config, threading.Event(), once=True, log=lambda line: None, **kwargs)
+    return materialize(config, threading.Event(), once=True, log=lambda line: None, **kwargs)
 
 
 def count(config, table="trace_events"):

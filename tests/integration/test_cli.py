@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rankstream.config import config_env
+from rankstream.schemas.settings import config_env
 from rankstream.producers import Producer
 
 from .conftest import cli, free_port

@@ -5,9 +5,9 @@ import uuid
 
 import pytest
 
-from rankstream.config import config_env
+from rankstream.schemas.settings import config_env
 from rankstream.consumers.query import connect
-from rankstream.demo_job import JobSpec, start_job
+from rankstream.demo.job import JobSpec, start_job
 from rankstream.flows.diagnose import analyze_stored
 
 from .conftest import free_port

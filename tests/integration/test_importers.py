@@ -9,9 +9,10 @@ import pytest
 import torch.multiprocessing as mp
 
 from rankstream.consumers.query import connect
-from rankstream.deploy.broker import start_broker, stop_broker
-from rankstream.producers.import_fr import import_fr
-from rankstream.producers.import_trace import import_traces
+from rankstream.deploy.broker import stop_broker
+from rankstream.services import start_embedded_broker
+from rankstream.consumers.imports import import_fr
+from rankstream.consumers.imports import import_traces
 
 from .conftest import free_port
 
@@ -51,7 +52,7 @@ def artifacts(tmp_path_factory):
 @pytest.fixture
 def broker(make_config):
     config = make_config(broker_port=free_port(), partitions=2)
-    start_broker(config)
+    start_embedded_broker(config)
     yield config
     stop_broker(config)
 

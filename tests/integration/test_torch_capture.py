@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from rankstream.config import config_env
+from rankstream.schemas.settings import config_env
 from rankstream.consumers.query import connect
-from rankstream.demo_job import JobSpec, read_reports, start_job
+from rankstream.demo.job import JobSpec, read_reports, start_job
 from rankstream.producers.flight_recorder import read_dump
 from rankstream.schemas.fr_dump import entry_from_dump
 

@@ -17,10 +17,11 @@ import time
 import duckdb
 import pytest
 
-from rankstream.config import config_env, load_config
-from rankstream.deploy.broker import broker_status, start_broker, stop_broker
+from rankstream.schemas.settings import config_env, load_config
+from rankstream.deploy.broker import broker_status, stop_broker
+from rankstream.services import start_embedded_broker
 from rankstream.producers import Producer
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 from ..conftest import free_port
 
@@ -47,7 +48,7 @@ def read_stored(db_path):
 def test_a_broker_restart_mid_run_loses_and_repeats_nothing(tmp_path):
     config = load_config({"db_path": tmp_path / "rs.duckdb", "state_dir": tmp_path / "state",
                           "broker_port": free_port(), "partitions": 4, "producer.broker_check_s": 0.5}, env={})
-    start_broker(config)
+    start_embedded_broker(config)
     materializer = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--no-serve-sql"],
                                     env={**os.environ, **config_env(config)},
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -69,7 +70,7 @@ def test_a_broker_restart_mid_run_loses_and_repeats_nothing(tmp_path):
         time.sleep(1.0)
         os.kill(broker_status(config).pid, signal.SIGKILL)
         time.sleep(1.0)
-        start_broker(config)
+        start_embedded_broker(config)
         materializer.send_signal(signal.SIGCONT)
         for thread in ranks:
             thread.join(120)

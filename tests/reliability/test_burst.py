@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from rankstream.config import load_config
+from rankstream.schemas.settings import load_config
 from rankstream.consumers.query import connect
-from rankstream.deploy.services import down, up
+from rankstream.services import down, up
 
 from ..conftest import free_port
 

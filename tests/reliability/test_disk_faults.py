@@ -10,9 +10,9 @@ import sys
 
 import duckdb
 
-from rankstream.deploy.memory_bus import MemoryBus
+from tests.doubles import MemoryBus, MemoryTransport
 from rankstream.producers import Producer
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 
 def test_unwritable_spool_with_the_broker_down_drops_counts_and_says_why(make_config, tmp_path):
@@ -21,7 +21,7 @@ def test_unwritable_spool_with_the_broker_down_drops_counts_and_says_why(make_co
     config = make_config(**{"producer.spool_dir": str(blocker / "spool")})
     bus = MemoryBus(partitions=2)
     bus.available = False  # the broker is down for the whole run
-    producer = Producer(run_id="diskfull", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="diskfull", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     emitted = run_synthetic_rank(SyntheticJob("diskfull", 1, 20, events_per_step=500), 0, producer)  # never raises
     stats = producer.close(timeout_s=2)
     assert stats.events_emitted == emitted
@@ -47,20 +47,19 @@ def test_a_database_path_that_cannot_be_written_is_one_line(tmp_path):
 _FULL_DISK_CHILD = r'''
 import json, resource, signal, sys, threading, time
 import duckdb
-from rankstream.config import load_config
+from rankstream.schemas.settings import load_config
 from rankstream.consumers.materializer import Materializer
-from rankstream.consumers.source import MemorySource
 from rankstream.consumers.store import Store
-from rankstream.deploy.memory_bus import MemoryBus
+from tests.doubles import MemoryBus, MemorySource, MemoryTransport
 from rankstream.producers import Producer
 from rankstream.schemas import all_topics
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 what, root, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
 config = load_config({"state_dir": root, "db_path": root + "/rs.duckdb", "topic_prefix": "full"}, env={})
 bus = MemoryBus(partitions=2)
 bus.available = what != "spool"  # the spool is only written while the broker is down
-producer = Producer(run_id="full", rank=0, world_size=1, config=config, bus=bus)
+producer = Producer(run_id="full", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 emitted = run_synthetic_rank(SyntheticJob("full", 1, 400, events_per_step=500), 0, producer)

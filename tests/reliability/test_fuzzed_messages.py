@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rankstream.consumers.source import MemorySource
+from tests.doubles import MemorySource, MemoryTransport
 from rankstream.consumers.store import Store
-from rankstream.deploy.memory_bus import MemoryBus
+from tests.doubles import MemoryBus
 from rankstream.producers import Producer
 from rankstream.schemas import all_topics
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 from rankstream.schemas.codec import decode
 from rankstream.status import RUNS_SQL
@@ -35,14 +35,14 @@ PER_EXAMPLE = 100
 @pytest.fixture(scope="module")
 def valid_messages(tmp_path_factory):
     """(topic, key, value) of a small synthetic job, and its number of trace events."""
-    from rankstream.config import load_config
+    from rankstream.schemas.settings import load_config
 
     config = load_config({"state_dir": tmp_path_factory.mktemp("fuzz"), "topic_prefix": "fz"}, env={})
     config = config.with_overrides(**{"producer.batch_events": 50})  # several batches per rank, uneven
     bus = MemoryBus(partitions=2)
     emitted = 0
     for rank in range(2):
-        producer = Producer(run_id="fuzz", rank=rank, world_size=2, config=config, bus=bus)
+        producer = Producer(run_id="fuzz", rank=rank, world_size=2, config=config, transport=MemoryTransport(bus))
         emitted += run_synthetic_rank(SyntheticJob("fuzz", 2, 3, events_per_step=60), rank, producer)
         producer.close()
     records = [r for topic in bus.topics() for p in range(bus.partitions) for r in bus.read(topic, p, 0, 10**6)]

@@ -10,13 +10,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rankstream.config import load_config
-from rankstream.consumers.source import MemorySource
+from rankstream.schemas.settings import load_config
+from tests.doubles import MemorySource, MemoryTransport
 from rankstream.consumers.store import Store
-from rankstream.deploy.memory_bus import MemoryBus
+from tests.doubles import MemoryBus
 from rankstream.producers import Producer
 from rankstream.schemas import all_topics
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 from ..unit.run_builder import build_run
 
@@ -111,7 +111,7 @@ def test_a_sasl_password_never_reaches_logs_status_or_duckdb(tmp_path):
                          env={**env, "RANKSTREAM_KAFKA_SASL_PASSWORD": secret})
     assert config.kafka.sasl_password == secret and secret not in repr(config)
     bus = MemoryBus(partitions=2)
-    producer = Producer(run_id="secret-run", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="secret-run", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     run_synthetic_rank(SyntheticJob("secret-run", 1, 2, events_per_step=40), 0, producer)
     producer.close()
     store = Store(duckdb.connect(str(db)))

@@ -12,9 +12,9 @@ import time
 import duckdb
 import pytest
 
-from rankstream.config import config_env
+from rankstream.schemas.settings import config_env
 from rankstream.producers import Producer
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 pytestmark = pytest.mark.integration
 

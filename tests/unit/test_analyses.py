@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.flows.breakdown import analyze_breakdown, compare_runs
 from rankstream.flows.chrome_trace import check_chrome_trace
 from rankstream.flows.comms import analyze_communication
-from rankstream.flows.merge import clock_offsets, merge_run
+from rankstream.flows.clocks import clock_offsets, align_clocks
 from rankstream.flows.pipeline import analyze_everything
 from rankstream.flows.steps import analyze_steps
 from rankstream.flows.timeline import write_timeline
@@ -39,7 +39,7 @@ def db(tmp_path):
 def test_skewed_clocks_are_recovered_within_their_error_bound(db):
     skew = {0: 0, 1: 37 * MS, 2: -250 * MS, 3: 1_500 * MS}
     built = build_run(db, skew_ns=skew)
-    merge_run(db, built.run_id)
+    align_clocks(db, built.run_id)
     estimates = clock_offsets(db, built.run_id)
     chosen = {e["rank"]: e for e in estimates if e["chosen"]}
     assert set(chosen) == set(skew)
@@ -71,7 +71,7 @@ def test_aligned_view_namespaces_flow_and_correlation_ids_per_rank(db):
 
 def test_step_trace_splits_each_step_into_its_phases_and_finds_the_slow_rank(db):
     built = build_run(db, slow_rank=2, slow_ns=15 * MS, p2p=False)
-    merge_run(db, built.run_id)
+    align_clocks(db, built.run_id)
     analyze_steps(db, built.run_id)
     steps = rows(db, "SELECT * FROM step_trace WHERE run_id = ? ORDER BY step, rank", [built.run_id])
     assert len(steps) == built.world_size * built.steps
@@ -106,7 +106,7 @@ def test_unmatched_begin_is_closed_at_the_ranks_last_event_and_flagged(db):
 
 def test_communication_summary_and_matrix_add_up_to_the_flight_recorder_entries(db):
     built = build_run(db, world_size=4, steps=5)
-    merge_run(db, built.run_id)
+    align_clocks(db, built.run_id)
     analyze_communication(db, built.run_id)
     matrix = rows(db, "SELECT * FROM comm_matrix WHERE run_id = ?", [built.run_id])
     for rank, total in built.fr_bytes.items():
@@ -126,7 +126,7 @@ def test_communication_summary_and_matrix_add_up_to_the_flight_recorder_entries(
 
 def test_gloo_entries_without_times_take_their_time_from_the_backend_spans(db):
     built = build_run(db, fr_times=False, p2p=False)
-    merge_run(db, built.run_id)
+    align_clocks(db, built.run_id)
     analyze_communication(db, built.run_id)
     reduce = rows(db, "SELECT * FROM comm_summary WHERE run_id = ? AND op = 'all_reduce'", [built.run_id])[0]
     assert reduce["time_source"] == "profiler"
@@ -135,7 +135,7 @@ def test_gloo_entries_without_times_take_their_time_from_the_backend_spans(db):
 
 def test_temporal_breakdown_counts_nested_ops_once_and_overlap_where_they_meet(db):
     built = build_run(db, world_size=2, steps=3, slow_rank=None)
-    merge_run(db, built.run_id)
+    align_clocks(db, built.run_id)
     analyze_breakdown(db, built.run_id)
     lengths = dict(PHASES)
     for row in rows(db, "SELECT * FROM temporal_breakdown WHERE run_id = ?", [built.run_id]):
@@ -154,7 +154,7 @@ def test_temporal_breakdown_does_not_depend_on_the_ranks_clocks(tmp_path):
     for name, skew in (("true", None), ("skewed", {0: 0, 1: 7 * MS, 2: -3 * MS})):
         db = tmp_path / f"{name}.duckdb"
         built = build_run(db, world_size=3, steps=3, slow_rank=1, skew_ns=skew)
-        merge_run(db, built.run_id)
+        align_clocks(db, built.run_id)
         analyze_breakdown(db, built.run_id)
         breakdowns.append(rows(db, f"SELECT {columns} FROM temporal_breakdown WHERE run_id = ? ORDER BY rank",
                                [built.run_id]))
@@ -210,7 +210,7 @@ def test_timeline_puts_every_event_of_skewed_ranks_at_its_aligned_time(db, tmp_p
     import rankstream.flows.timeline as timeline
 
     built = build_run(db, steps=4, skew_ns={0: 0, 1: 37 * MS, 2: -250 * MS, 3: 1_500 * MS})
-    merge_run(db, built.run_id)
+    align_clocks(db, built.run_id)
     assert len({e["offset_ns"] for e in clock_offsets(db, built.run_id) if e["chosen"]}) == 4
     monkeypatch.setattr(timeline, "SLICE_EVENTS", 7)
     events = json.loads(write_timeline(db, built.run_id, tmp_path / "t.json").files[0].read_text())["traceEvents"]
@@ -253,10 +253,10 @@ def test_analyses_refuse_an_unknown_run(db):
 
 def test_only_the_analyses_named_run_in_dependency_order_and_the_file_is_free_after(db):
     built = build_run(db, world_size=2, steps=2)
-    seconds = analyze_everything(db, built.run_id, only=["steps", "merge"])
-    assert list(seconds) == ["merge", "steps"]
+    seconds = analyze_everything(db, built.run_id, only=["steps", "clocks"])
+    assert list(seconds) == ["clocks", "steps"]
     done = {r["analysis"] for r in rows(db, "SELECT analysis FROM analyses_done WHERE run_id = ?", [built.run_id])}
-    assert done == {"merge", "steps"}
+    assert done == {"clocks", "steps"}
     assert rows(db, "SELECT count(*) AS n FROM step_trace")[0]["n"] == 2 * 2
     assert rows(db, "SELECT count(*) AS n FROM temporal_breakdown")[0]["n"] == 0
     # the analyses' shared connection is closed: another process can open the file for writing

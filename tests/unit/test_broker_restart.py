@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from rankstream.consumers.materializer import Materializer
-from rankstream.consumers.source import MemorySource
+from tests.doubles import MemorySource, MemoryTransport
 from rankstream.consumers.store import Store
 from rankstream.producers import Producer
 from rankstream.schemas import all_topics
@@ -71,7 +71,7 @@ def wait_for(condition, timeout_s=15.0):
 
 def test_a_restart_loses_nothing_when_the_window_holds_the_unconsumed_backlog(make_config, bus, store):
     config = make_config(**{"producer.batch_events": 100, "producer.broker_check_s": 0.05})
-    producer = Producer(run_id="job", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="job", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     with LiveMaterializer(config, bus, store) as live:
         emit(producer, 0, 1_000)
         assert wait_for(lambda: stored_events(store)[0] == 1_000)
@@ -97,14 +97,14 @@ def test_a_restart_loses_nothing_when_the_window_holds_the_unconsumed_backlog(ma
 def test_a_restart_noticed_while_consuming_rereads_the_new_log_from_its_start(make_config, bus, store):
     config = make_config(**{"producer.batch_events": 100})
     with LiveMaterializer(config, bus, store) as live:
-        first = Producer(run_id="job", rank=0, world_size=2, config=config, bus=bus)
+        first = Producer(run_id="job", rank=0, world_size=2, config=config, transport=MemoryTransport(bus))
         emit(first, 0, 3_000)
         first.close()
         assert wait_for(lambda: stored_events(store)[0] == 3_000)
         bus.restart()
         # A rank that starts now writes the new log from offset 0, below the materializer's stored
         # offsets; read from there, its first batches would be skipped.
-        second = Producer(run_id="job", rank=1, world_size=2, config=config, bus=bus)
+        second = Producer(run_id="job", rank=1, world_size=2, config=config, transport=MemoryTransport(bus))
         emit(second, 10_000, 3_000)
         second.close()
         assert wait_for(lambda: live.materializer.status.broker_resets == 1)
@@ -114,7 +114,7 @@ def test_a_restart_noticed_while_consuming_rereads_the_new_log_from_its_start(ma
 def test_loss_beyond_the_window_is_counted_in_heartbeats_and_status(make_config, bus, store):
     config = make_config(**{"producer.batch_events": 100, "producer.broker_check_s": 0.05,
                             "producer.resend_window_bytes": 1})  # the window keeps only the newest batch
-    producer = Producer(run_id="job", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="job", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     emit(producer, 0, 1_000)  # never consumed before the restart
     bus.restart()
     emit(producer, 1_000, 500)
@@ -135,7 +135,7 @@ class UnreachableSource(MemorySource):
     """A source whose broker never answers."""
 
     def open(self, offsets):
-        from rankstream.errors import BrokerUnavailable
+        from rankstream.schemas.errors import BrokerUnavailable
 
         raise BrokerUnavailable("broker at 127.0.0.1:1 did not answer")
 
@@ -145,9 +145,9 @@ def test_a_materializer_that_cannot_open_says_why_in_its_status_file(tmp_path, s
     to open wrote none (it only wrote while consuming), so its status was just missing."""
     import json
 
-    from rankstream.config import load_config
+    from rankstream.schemas.settings import load_config
     from rankstream.consumers.materializer import status_path
-    from rankstream.deploy.memory_bus import MemoryBus
+    from tests.doubles import MemoryBus
 
     config = load_config({"state_dir": tmp_path / "state", "topic_prefix": "down"}, env={})
     source = UnreachableSource(MemoryBus(partitions=1), all_topics("down"))

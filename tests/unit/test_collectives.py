@@ -170,7 +170,7 @@ def test_cli_prints_one_json_object_and_exits_by_verdict(tmp_path):
 
 
 def test_healthy_p2p_is_quiet_and_a_receive_of_the_wrong_size_is_named(tmp_path):
-    from rankstream.fr_dump_generator import write_dumps
+    from rankstream.demo.fr_dump_generator import write_dumps
 
     healthy = write_dumps(tmp_path / "p2p", 8, 300, tp=4, p2p=True)
     report, _ = diagnose_directory(healthy, prefix="rank_")

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from rankstream.config import config_env, load_config
-from rankstream.errors import ConfigError
+from rankstream.schemas.settings import config_env, load_config
+from rankstream.schemas.errors import ConfigError
 
 
 def test_defaults_are_the_embedded_setup():

@@ -9,7 +9,7 @@ import pytest
 
 from rankstream.flows import dump_loader
 from rankstream.flows.dump_loader import FR_SCHEMA, load_dump_directory, write_dump_parquet
-from rankstream.fr_dump_generator import write_dumps
+from rankstream.demo.fr_dump_generator import write_dumps
 
 
 def _lenient(monkeypatch):
@@ -75,7 +75,7 @@ def test_the_loader_reports_repeated_records_and_coalesced_collectives(tmp_path)
 
 
 def test_running_out_of_memory_is_one_clear_error(tmp_path, monkeypatch):
-    from rankstream.errors import RankstreamError
+    from rankstream.schemas.errors import RankstreamError
     from rankstream.flows import diagnose
 
     write_dumps(tmp_path / "job", 16, 300)

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.producers.import_fr import read_fr_directory
 from rankstream.producers.import_trace import scan_trace
 
@@ -95,7 +95,7 @@ def test_fr_directory_reads_pickle_and_json_and_names_bad_files(tmp_path):
 PARALLEL_SCAN = """
 import os, sys
 from pathlib import Path
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.producers import import_trace
 from rankstream.producers.batch_file import BatchFile
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.flows.chrome_trace import check_chrome_trace
 from rankstream.flows.merge_traces import merge_trace_files
 

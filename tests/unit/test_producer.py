@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from rankstream.consumers.source import MemorySource
 from rankstream.producers import Producer
 from rankstream.schemas.trace import TraceBatch
-from rankstream.producers.transport import MemoryTransport
+from tests.doubles import MemorySource, MemoryTransport
 from rankstream.schemas import Envelope, PayloadKind, all_topics, decode
 
 
@@ -57,7 +56,7 @@ def test_construction_and_emit_never_wait_for_the_broker(make_config, bus):
 
 def test_every_event_arrives_exactly_once_with_gapless_sequences(make_config, bus):
     config = make_config(**{"producer.batch_events": 100})
-    producer = Producer(run_id="r", rank=2, world_size=4, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=2, world_size=4, config=config, transport=MemoryTransport(bus))
     for i in range(1_050):
         producer.emit("op", ts_ns=i, step=i // 100)
     stats = producer.close()
@@ -73,7 +72,7 @@ def test_every_event_arrives_exactly_once_with_gapless_sequences(make_config, bu
 
 
 def test_emit_survives_any_arguments(make_config, bus):
-    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus))
     producer.emit(["unhashable"], None, 3, "not-a-time", float("nan"), step=2**80, args=object())
     producer.emit("fine", ts_ns=5)
     producer.emit_fr_entries([{"not": "an fr entry"}])
@@ -84,7 +83,7 @@ def test_emit_survives_any_arguments(make_config, bus):
 
 def test_args_arrive_as_strict_json_whatever_their_values(make_config, bus):
     config = make_config()
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     odd = object()
     producer.emit("a", args={"nan": float("nan"), "inf": float("inf"), 3: "int key", "obj": odd})
     producer.emit("b", args={"big": 2**70, "text": "x"})
@@ -129,7 +128,7 @@ def test_buffer_is_bounded_and_overflow_is_counted(make_config, bus):
 
 
 def test_disabled_producer_does_nothing(make_config, bus):
-    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus, enabled=False)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus), enabled=False)
     producer.emit("op")
     producer.emit_batch(TraceBatch.from_rows([("op", "", "X", 1, 0, 0, 0, None, None, None, None)]))
     producer.offer_batch(TraceBatch.from_rows([("op", "", "X", 1, 0, 0, 0, None, None, None, None)]))
@@ -142,7 +141,7 @@ def test_disabled_producer_does_nothing(make_config, bus):
 def test_broker_outage_spools_then_delivers_everything(make_config, bus):
     config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 4096})
     bus.available = False
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     for i in range(2_000):
         producer.emit("op", ts_ns=i)
     deadline = time.monotonic() + 5
@@ -164,7 +163,7 @@ def overflowing_spool(make_config, bus) -> Producer:
     config = make_config(**{"producer.batch_events": 100, "producer.max_inflight_bytes": 1024,
                             "producer.spool_max_bytes": 20_000})
     bus.available = False
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     for i in range(5_000):
         producer.emit("op", ts_ns=i)
     return producer
@@ -264,7 +263,7 @@ def test_messages_never_acknowledged_by_close_are_spooled_and_resent(make_config
         first.emit("unacknowledged", ts_ns=i)
     stats = first.close(timeout_s=0.3)
     assert stats.events_spooled >= 500 and stats.events_sent + stats.events_spooled == 700 and stats.events_dropped == 0
-    second = Producer(run_id="r", rank=1, world_size=2, config=config, bus=bus)
+    second = Producer(run_id="r", rank=1, world_size=2, config=config, transport=MemoryTransport(bus))
     second.close()
     assert trace_events(read_all(bus, config.topic_prefix)) == 700
 
@@ -272,12 +271,12 @@ def test_messages_never_acknowledged_by_close_are_spooled_and_resent(make_config
 def test_a_restarted_rank_resends_what_its_previous_process_spooled(make_config, bus):
     config = make_config(**{"producer.batch_events": 100})
     bus.available = False
-    first = Producer(run_id="r", rank=3, world_size=4, config=config, bus=bus)
+    first = Producer(run_id="r", rank=3, world_size=4, config=config, transport=MemoryTransport(bus))
     for i in range(700):
         first.emit("before-crash", ts_ns=i)
     assert first.close(timeout_s=0.2).events_spooled == 700
     bus.available = True
-    second = Producer(run_id="r", rank=3, world_size=4, config=config, bus=bus)
+    second = Producer(run_id="r", rank=3, world_size=4, config=config, transport=MemoryTransport(bus))
     second.emit("after-restart", ts_ns=1)
     second.close()
     envelopes = read_all(bus, config.topic_prefix)
@@ -287,7 +286,7 @@ def test_a_restarted_rank_resends_what_its_previous_process_spooled(make_config,
 
 def test_close_returns_within_its_timeout_when_the_broker_never_answers(make_config, bus):
     bus.available = False
-    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus))
     producer.emit("op")
     started = time.monotonic()
     producer.close(timeout_s=1.0)
@@ -296,7 +295,7 @@ def test_close_returns_within_its_timeout_when_the_broker_never_answers(make_con
 
 def test_oversized_batches_are_split_not_lost(make_config, bus):
     config = make_config(**{"producer.batch_events": 64})
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     big_args = {"blob": "x" * 500_000}
     for i in range(64):
         producer.emit("op", ts_ns=i, args=big_args)
@@ -307,7 +306,7 @@ def test_oversized_batches_are_split_not_lost(make_config, bus):
 
 @pytest.mark.parametrize("call", ["emit", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata"])
 def test_calls_after_close_are_harmless(make_config, bus, call):
-    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus))
     producer.close()
     args = {"emit": ("op",), "emit_fr_entries": ([],), "emit_process_groups": ([],), "emit_rank_metadata": ()}[call]
     getattr(producer, call)(*args)

@@ -14,6 +14,7 @@ from rankstream.producers.profiler import ProfilerStream, profile, window_column
 from rankstream.producers.trace_columns import trace_batches
 from rankstream.schemas import PayloadKind
 from rankstream.schemas.trace import NULL_INT, TraceBatch
+from tests.doubles import MemoryTransport
 from tests.unit.test_producer import read_all
 
 
@@ -82,7 +83,7 @@ def test_window_columns_equal_a_per_activity_conversion(window_activities):
 
 def test_every_window_reaches_the_bus_with_named_tracks(make_config, bus):
     config = make_config(**{"producer.batch_events": 100})
-    producer = Producer(run_id="r", rank=3, world_size=4, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=3, world_size=4, config=config, transport=MemoryTransport(bus))
     stream = ProfilerStream(producer, rank=3)
     train(profile(stream, wait=1, warmup=1, active=2, repeat=2), steps=9)
     stream.flush()
@@ -104,7 +105,7 @@ def test_every_window_reaches_the_bus_with_named_tracks(make_config, bus):
 
 def test_a_window_beyond_the_producers_bound_is_dropped_and_counted(make_config, bus, window_activities):
     config = make_config(**{"producer.max_buffered_events": 10})
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, bus=bus)
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
     batch, = trace_batches(window_columns(window_activities), 10_000)
     assert batch.count > 10
     assert producer.offer_batch(batch) is False

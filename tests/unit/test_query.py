@@ -13,7 +13,7 @@ from rankstream.consumers.query import Database, connect
 from rankstream.consumers.query_protocol import sidecar_path
 from rankstream.consumers.query_server import QueryServer
 from rankstream.consumers.store import Store
-from rankstream.errors import DatabaseBusy, QueryError
+from rankstream.schemas.errors import DatabaseBusy, QueryError
 
 HOLD_FILE = textwrap.dedent("""
     import duckdb, sys, time

@@ -4,10 +4,11 @@ import pytest
 
 import rankstream
 from rankstream import api
-from rankstream.config import LaunchEnvironment
+from rankstream.schemas.settings import LaunchEnvironment
 from rankstream.producers import Producer
 from rankstream.producers.session import RankSession, resolve_identity
 from rankstream.schemas import PayloadKind
+from tests.doubles import MemoryTransport
 
 from .test_producer import read_all
 
@@ -15,7 +16,7 @@ from .test_producer import read_all
 @pytest.fixture
 def session(make_config, bus):
     config = make_config()
-    producer = Producer(run_id="api", rank=1, world_size=2, config=config, bus=bus)
+    producer = Producer(run_id="api", rank=1, world_size=2, config=config, transport=MemoryTransport(bus))
     launch = LaunchEnvironment(rank=1, world_size=2, local_rank=1, node_rank=0, local_world_size=2,
                                run_id=None, master=None)
     created = RankSession(run_id="api", rank=1, world_size=2, config=config, launch=launch, fr_tap=False,
@@ -123,7 +124,7 @@ def test_a_clock_round_running_at_shutdown_still_sends_its_sample(make_config, b
     launch = LaunchEnvironment(rank=0, world_size=2, local_rank=0, node_rank=0, local_world_size=2,
                                run_id=None, master=None)
     created = RankSession(run_id="clock", rank=0, world_size=2, config=config, launch=launch, fr_tap=False,
-                          producer=Producer(run_id="clock", rank=0, world_size=2, config=config, bus=bus))
+                          producer=Producer(run_id="clock", rank=0, world_size=2, config=config, transport=MemoryTransport(bus)))
     assert store.in_second_barrier.wait(5)
     created.shutdown()  # training ended while the round was between its barriers
     metadata = [e.payload.fields for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.RANK_META]

@@ -4,12 +4,12 @@ import duckdb
 import msgpack
 import pytest
 
-from rankstream.consumers.source import MemorySource
+from tests.doubles import MemorySource, MemoryTransport
 from rankstream.schemas.topics import Record
 from rankstream.consumers.store import Store
 from rankstream.producers import Producer
 from rankstream.schemas import all_topics
-from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 TABLES = ("trace_events", "fr_entries", "process_groups", "heartbeats", "rank_metadata", "rejects")
 
@@ -18,7 +18,7 @@ def produce_job(bus, config, ranks=2, steps=3):
     job = SyntheticJob("job", ranks, steps, events_per_step=200)
     emitted = 0
     for rank in range(ranks):
-        producer = Producer(run_id="job", rank=rank, world_size=ranks, config=config, bus=bus)
+        producer = Producer(run_id="job", rank=rank, world_size=ranks, config=config, transport=MemoryTransport(bus))
         emitted += run_synthetic_rank(job, rank, producer)
         producer.close()
     return emitted

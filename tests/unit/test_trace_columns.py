@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankstream.errors import BadInput, RankstreamError
+from rankstream.schemas.errors import BadInput, RankstreamError
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.import_trace import scan_trace
 from rankstream.producers.trace_columns import as_int, event_columns, finish_batch, trace_batches

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.producers import trace_reader
 from rankstream.producers.trace_reader import Recorder, event_chunks
 

@@ -6,7 +6,7 @@ import json
 import duckdb
 import pytest
 
-from rankstream.errors import BadInput
+from rankstream.schemas.errors import BadInput
 from rankstream.consumers.projector import trace_table
 from rankstream.consumers.query_server import execute_to_arrow
 from rankstream.producers.batch_file import BatchFile

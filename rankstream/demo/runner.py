@@ -1,7 +1,7 @@
 """``rankstream demo``: the main job on the embedded defaults, start to finish.
 
 It starts the embedded broker and the materializer if they are not running, launches a real gloo
-training job with one process per rank (``rankstream.demo_job``; ``--synthetic`` streams a
+training job with one process per rank (``rankstream.demo.job``; ``--synthetic`` streams a
 synthetic job without torch instead), waits until DuckDB has caught up with what the ranks
 emitted, prints what was captured per rank and a sample query, and stops what it started.
 """
@@ -18,7 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rankstream.config import Config, config_env
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import config_env
 
 __all__ = ["run_demo"]
 
@@ -48,7 +49,7 @@ def _free_port() -> int:
 
 def _synthetic_rank(run_id: str, rank: int, world_size: int, steps: int, config: Config) -> None:
     from rankstream.producers import Producer
-    from rankstream.synthetic import SyntheticJob, run_synthetic_rank
+    from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
     producer = Producer(run_id=run_id, rank=rank, world_size=world_size, config=config)
     run_synthetic_rank(SyntheticJob(run_id, world_size, steps, 2000), rank, producer, pace_s=0.02)
@@ -66,7 +67,7 @@ def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fau
         for worker in workers:
             worker.start()
     else:
-        from rankstream.demo_job import JobSpec, start_job
+        from rankstream.demo.job import JobSpec, start_job
 
         spec = JobSpec(run_id=run_id, world_size=ranks, steps=steps, fault=fault, fault_rank=fault_rank,
                        master_port=_free_port(), report_dir=report_dir)
@@ -119,7 +120,7 @@ def _wait_caught_up(database, run_id: str, timeout_s: float = 60.0) -> int:
 def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault: str = "none",
              fault_rank: int = 1, synthetic: bool = False) -> dict:
     from rankstream.consumers.query import connect
-    from rankstream.deploy.services import absolute, down, materializer_pid, up
+    from rankstream.services import absolute, down, materializer_pid, up
 
     config = absolute(config)
     started_here = materializer_pid(config) is None
@@ -135,7 +136,7 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
         database = connect(config.db_path)
         codes = _launch(config, run_id, ranks, steps, fault, fault_rank, synthetic, report_dir,
                         _LiveFindings(database, run_id, console))
-        from rankstream.demo_job import read_reports
+        from rankstream.demo.job import read_reports
 
         reports = read_reports(report_dir)
         console.print(f"job finished in {time.monotonic() - began:.1f} s; exit codes "

@@ -1,8 +1,10 @@
-"""``rankstream up`` / ``down``: the embedded broker plus a background materializer.
+"""``rankstream up`` / ``down`` / ``consume``: the embedded broker plus a materializer, wired.
 
-The materializer runs as ``python -m rankstream consume`` in its own session, logging to
-``<state_dir>/materializer.log`` with its pid in ``<state_dir>/materializer.pid``. ``up`` returns
-once its query server answers, so the next command can query at once.
+This is where the layers meet: the broker launcher (``deploy``), the materializer (``consumers``)
+and the live hang watch and analysis procedures (``flows``) are started together here, so none of
+them imports the others. ``up`` starts the materializer as ``python -m rankstream consume`` in its
+own session, logging to ``<state_dir>/materializer.log`` with its pid in
+``<state_dir>/materializer.pid``, and returns once its query server answers.
 """
 
 from __future__ import annotations
@@ -11,22 +13,54 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from rankstream.config import Config, config_env
+from rankstream.consumers.materializer import MaterializerStatus
 from rankstream.consumers.query_server import server_socket
-from rankstream.deploy.broker import BrokerState, process_alive, start_broker, stop_broker, stop_process
-from rankstream.errors import RankstreamError
+from rankstream.consumers.runner import run_materializer
+from rankstream.deploy.broker import BrokerState, start_broker, stop_broker
+from rankstream.flows import breakdown as _registers_its_query_procedure  # noqa: F401
+from rankstream.flows.hang_watch import HangWatch
+from rankstream.producers.kafka_client import ensure_topics
+from rankstream.schemas.config import Config
+from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
+from rankstream.schemas.processes import process_alive, stop_process
+from rankstream.schemas.settings import config_env
 
-__all__ = ["up", "down", "materializer_pid", "Services"]
+__all__ = ["up", "down", "materialize", "materializer_pid", "start_embedded_broker", "Services"]
 
 
 @dataclass(frozen=True)
 class Services:
     broker: BrokerState | None
     materializer_pid: int
+
+
+def start_embedded_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
+    """The embedded broker started (or the running one) with rankstream's topics created."""
+    state = start_broker(config, wait_s=wait_s)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            ensure_topics(config, timeout_s=2.0)
+            return state
+        except BrokerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def materialize(config: Config, stop: threading.Event, *, once: bool = False, rebuild: bool = False,
+                query_server: bool = True, max_messages: int = 500,
+                log: Callable[[str], None] = print) -> MaterializerStatus:
+    """The materializer with what runs beside it: the live hang watch, and (imported above) the
+    analyses' procedures registered with its query server."""
+    return run_materializer(config, stop, once=once, rebuild=rebuild, query_server=query_server,
+                            max_messages=max_messages, watchers=[HangWatch], log=log)
 
 
 def _pid_file(config: Config) -> Path:
@@ -49,7 +83,7 @@ def absolute(config: Config) -> Config:
 def up(config: Config, wait_s: float = 30.0) -> Services:
     """Start the embedded broker (unless a cluster is configured) and the materializer."""
     config = absolute(config)
-    broker = start_broker(config) if config.uses_embedded_broker else None
+    broker = start_embedded_broker(config) if config.uses_embedded_broker else None
     pid = materializer_pid(config)
     if pid is None:
         config.state_dir.mkdir(parents=True, exist_ok=True)

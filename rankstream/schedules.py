@@ -24,8 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from rankstream.config import Config, prefect_api_url, prefect_server_environment
-from rankstream.errors import ConfigError, RankstreamError
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import prefect_api_url, prefect_server_environment
+from rankstream.schemas.errors import ConfigError, RankstreamError
 
 __all__ = ["load_deployments", "prefect_server", "serve", "DEFAULT_PREFECT_FILE"]
 

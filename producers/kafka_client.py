@@ -1,6 +1,6 @@
 """Kafka plumbing shared by producers and consumers: client options and topic creation.
 
-kafka-python errors are translated here into :class:`~rankstream.errors.BrokerUnavailable`, so
+kafka-python errors are translated here into :class:`~rankstream.schemas.errors.BrokerUnavailable`, so
 callers handle one transient error type.
 
 Broker incarnations: a broker that loses its log (the embedded one keeps it in memory) comes back
@@ -14,8 +14,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from rankstream.config import Config
-from rankstream.errors import BrokerUnavailable
+from rankstream.schemas.config import Config
+from rankstream.schemas.errors import BrokerUnavailable
 from rankstream.schemas.topics import all_topics
 
 __all__ = ["client_options", "describe", "ensure_topics", "existing_topics", "TopicIds", "unreachable"]

@@ -1,7 +1,7 @@
-"""Cross-rank merge: one clock for all ranks of a run.
+"""Clock alignment: one clock for all ranks of a run (what a cross-rank merge stands on).
 
 Each rank stamps its events with its own wall clock; hosts disagree by microseconds to seconds.
-``merge_run`` estimates, per rank, ``offset = rank's clock - reference rank's clock`` from every
+``align_clocks`` estimates, per rank, ``offset = rank's clock - reference rank's clock`` from every
 source the run has, keeps all estimates in ``clock_offsets`` and marks the best one ``chosen``:
 
 1. **barrier** (preferred): the clock-sync samples every rank takes between two store barriers
@@ -21,7 +21,7 @@ source the run has, keeps all estimates in ``clock_offsets`` and marks the best 
    else.
 
 Ranks with no estimate get offset 0 (source ``none``). ``aligned_events`` and every analysis apply
-the chosen offsets, so re-running the merge re-aligns everything, live runs included.
+the chosen offsets, so running the alignment again re-aligns everything, live runs included.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from rankstream.consumers.query import Database, connect
 from rankstream.flows.run_tables import replace_run_rows
 
-__all__ = ["merge_run", "clock_offsets", "OFFSETS_SQL"]
+__all__ = ["align_clocks", "clock_offsets", "OFFSETS_SQL"]
 
 OFFSETS_SQL = """
 INSERT INTO clock_offsets
@@ -106,9 +106,9 @@ WHERE e.source <> 'none' OR NOT EXISTS (SELECT 1 FROM estimates x WHERE x.rank =
 """
 
 
-def merge_run(db_path: Path | Database, run_id: str) -> None:
+def align_clocks(db_path: Path | Database, run_id: str) -> None:
     """(Re)compute ``clock_offsets`` for a run; ``aligned_events`` follows at once."""
-    replace_run_rows(db_path, run_id, "merge", ["clock_offsets"], [OFFSETS_SQL])
+    replace_run_rows(db_path, run_id, "clocks", ["clock_offsets"], [OFFSETS_SQL])
 
 
 def clock_offsets(db_path: Path | Database, run_id: str) -> list[dict]:

@@ -1,0 +1,56 @@
+"""Processes rankstream starts and later stops: is a pid still alive, and stopping one.
+
+Kept at the bottom layer because the broker launcher, the materializer's query server and ``up``/
+``down`` all need them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+__all__ = ["process_alive", "stop_process"]
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child still "exists"; look at its state
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+
+def stop_process(pid: int, timeout_s: float = 10.0) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout_s``; True if the process is gone."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not process_alive(pid):
+            _reap(pid)
+            return True
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    time.sleep(0.1)
+    _reap(pid)
+    return not process_alive(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
