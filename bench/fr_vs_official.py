@@ -65,14 +65,14 @@ def reading_floor_s(directory: Path, ranks: int, sample: int = 64) -> dict[str, 
     import os
 
     from rankstream.flows.dump_loader import _load_file as load_one_dump  # a reader process's per-file step
-    from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
+    from rankstream.producers.fr_reader import list_fr_files, parse_dump
     from rankstream.producers.importing import paused_gc
 
     files = list_fr_files(directory, "rank_", None)[:sample]
     with paused_gc():  # as in the reader processes
         started = time.process_time()
         for _, path in files:
-            parse_dump_bytes(path.read_bytes())
+            parse_dump(path.read_bytes(), str(path))
         unpickled = time.process_time()
         for rank, path in files:
             load_one_dump(path, rank, "bench", False, False)

@@ -3,8 +3,9 @@
 
 rankstream's GPU analyses must agree with HTA column by column; this script produces the
 reference figures (``tests/data/hta_expected.json``) that rankstream's tests compare against.
-It must run in its own virtualenv (HTA pins nothing useful and its metadata pulls in jupyterlab),
-never in the project's ``.venv``:
+It runs in a virtualenv of its own, never in the project's ``.venv``; HTA's metadata requires
+jupyterlab and pytest, which it does not use, so it is installed with --no-deps plus the packages it
+imports:
 
     python3 -m venv /work/hta-venv
     /work/hta-venv/bin/pip install --no-deps HolisticTraceAnalysis==0.5.0
@@ -33,14 +34,17 @@ column into strings):
 * ``get_cuda_kernel_launch_stats()``     (default ranks = [0])
 * ``get_memory_bw_summary()``            (default ranks = [0])
 
-The four rank-parameterised analyses fail (``ValueError`` from ``Trace.get_trace``) or say nothing
-when the trace has no rank 0; for such directories they are also recorded with ``ranks=<all ranks>``
-under ``<name>@all_ranks``. A failure is recorded as ``{"error": "...", "where": "file:function"}``
-and never stops the run; a directory HTA cannot load gets ``load_error``.
+The four rank-parameterised analyses only look at rank 0 by default and raise ``ValueError``
+(from ``Trace.get_trace``) when the trace has no rank 0; whenever a directory's ranks are not
+exactly [0] they are also recorded with ``ranks=<all its ranks>`` under ``<name>@all_ranks``.
+A failure is recorded as ``{"error": "Type: message", "where": "<deepest hta/ frame>",
+"raised_in": "<deepest frame, if outside hta>"}`` and never stops the run; a directory HTA cannot
+load gets ``load_error`` instead of ``results``.
 
 Besides the real traces, small synthetic multi-rank sets made by ``bench/kineto_gpu_generator.py``
 are recorded under ``generated/<name>`` (``--no-generated`` to skip); their entry holds the
-generator arguments and the sha256 of each file, so a test can regenerate identical files.
+generator arguments and the sha256 of each file's JSON text (decompressed for .gz), so a test can
+regenerate identical traces.
 
 Each entry also has: ``files`` (name, bytes), ``ranks`` (rank -> file as HTA mapped it),
 ``load`` facts (events kept per rank, GPU events per rank, whether the last-profiler-step filter
@@ -72,10 +76,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = "/work/shared/traces/gpu"
 DEFAULT_OUT = "tests/data/hta_expected.json"
-# name -> generator arguments (see bench/kineto_gpu_generator.py)
+# name -> generator arguments (see bench/kineto_gpu_generator.py). Seeds chosen so that no two
+# kernels have equal total time at the per-kernel table's top-k cut, where HTA's unstable sort
+# would pick one arbitrarily.
 DEFAULT_GENERATED = {
     "2rank_json": {"ranks": 2, "steps": 6, "kernels_per_step": 120, "seed": 1, "compress": False},
-    "4rank_gz": {"ranks": 4, "steps": 4, "kernels_per_step": 60, "seed": 2, "compress": True},
+    "4rank_gz": {"ranks": 4, "steps": 4, "kernels_per_step": 60, "seed": 3, "compress": True},
 }
 RANK_ANALYSES = ("idle_time_breakdown", "queue_length_summary", "cuda_kernel_launch_stats", "memory_bw_summary")
 
@@ -122,8 +128,10 @@ def table(df, columns: Optional[List[str]] = None) -> Dict[str, Any]:
     if df is None:
         return {"value": None}
     df = df.copy()
-    if not isinstance(df.index, pd.RangeIndex) or df.index.name is not None or isinstance(df.index, pd.MultiIndex):
-        df = df.reset_index()
+    if isinstance(df.index, pd.MultiIndex) or any(n is not None for n in df.index.names):
+        df = df.reset_index()  # describe() tables: (rank, stream|name) index -> leading columns
+    else:
+        df = df.reset_index(drop=True)  # a plain positional index carries no information
     cols = []
     for c in df.columns:
         if isinstance(c, tuple):
@@ -275,6 +283,12 @@ def load_generator():
     return mod
 
 
+def _report(rel: str, seconds: float, entry: Dict[str, Any]) -> None:
+    core = entry["wall_s"].get("load+core")
+    tail = "load+core %.2fs" % core if core is not None else "LOAD FAILED: " + entry["load_error"]["error"]
+    print("%-50s %6.2fs  %s" % (rel, seconds, tail), file=sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     global SIG
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -287,8 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     SIG = args.sig
 
     warnings.filterwarnings("ignore")
-    import hta  # noqa: F401
-    from hta.trace_analysis import TraceAnalysis  # noqa: F401  (configures HTA's logger)
+    import hta.trace_analysis  # noqa: F401  (importing it configures HTA's logger)
     logging.getLogger("hta").setLevel(logging.ERROR)
     import importlib.metadata as md
     import numpy
@@ -315,9 +328,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         t0 = time.perf_counter()
         doc["directories"][rel] = record_dir(d)
-        print("%-55s %6.2fs  load+core %.2fs" % (rel, time.perf_counter() - t0,
-                                                 doc["directories"][rel]["wall_s"].get("load+core", float("nan"))),
-              file=sys.stderr)
+        _report(rel, time.perf_counter() - t0, doc["directories"][rel])
     if not args.no_generated:
         gen = load_generator()
         for name, params in DEFAULT_GENERATED.items():
@@ -332,9 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                       "gpu_events": summary["gpu_events"],
                                       "sha256": {f["name"]: f["sha256"] for f in summary["files"]}}
                 doc["directories"][rel] = entry
-                print("%-55s %6.2fs  load+core %.2fs" % (rel, time.perf_counter() - t0,
-                                                         entry["wall_s"].get("load+core", float("nan"))),
-                      file=sys.stderr)
+                _report(rel, time.perf_counter() - t0, entry)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     text = dumps_compact(doc) + "\n"
     out_path.write_text(text)

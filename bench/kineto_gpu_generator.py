@@ -53,9 +53,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import io
 import json
 import math
-import os
 import random
 import sys
 from pathlib import Path
@@ -64,6 +64,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 __all__ = ["generate", "gpu_events_per_step", "steps_for_gpu_events"]
 
 BASE_TIME_NS = 1_735_000_000_000_000_000
+# Kineto's ts are large (about 1e12 us past baseTimeNanoseconds in recent traces); keep that, so
+# consumers see the same magnitudes (and HTA the same int64 columns) as with real traces.
+TS_ORIGIN_US = 2_413_669_096_090.0
 COMPUTE_STREAM = 7
 NCCL_STREAM = 20
 COPY_STREAM = 24
@@ -110,11 +113,6 @@ DEVICE_PROPS = {
 }
 
 
-def _dumps(obj) -> str:
-    """JSON with ', ' and ': ' separators (the `"rank": N` form HTA's rank regex needs)."""
-    return json.dumps(obj)
-
-
 def _f(x: float) -> str:
     return "%.3f" % x
 
@@ -145,6 +143,8 @@ class _Plan:
         # per-layer cost scale (us for the forward gemm)
         self.size = [20.0 + 180.0 * rng.random() for _ in range(self.layers)]
         self.n_buckets = math.ceil(self.layers / self.bucket)
+        # gradient elements per bucket (same on every rank); the last bucket (first layers) is big
+        self.bucket_nelems = [262_144 * (1 + int(rng.random() * 4)) for _ in range(self.n_buckets - 1)] + [1_048_576]
         self.n_layer_norm = sum(1 for i in range(self.layers) if i % 4 == 3)
         self.gpu_events_per_step = (
             2  # H2D copies
@@ -171,9 +171,9 @@ class _Rank:
         self.pid = 40_000 + 97 * rank
         self.tid = self.pid
         self.device = rank % 8
-        self.cpu = 1_000.0 + 3.0 * rank  # us since baseTimeNanoseconds
+        self.cpu = TS_ORIGIN_US + 3.0 * rank  # us since baseTimeNanoseconds
         self.t_begin = self.cpu - 50.0
-        self.stream_free: Dict[int, float] = {COMPUTE_STREAM: 0.0, NCCL_STREAM: 0.0, COPY_STREAM: 0.0}
+        self.stream_free: Dict[int, float] = {COMPUTE_STREAM: self.cpu, NCCL_STREAM: self.cpu, COPY_STREAM: self.cpu}
         self.corr = 100 * rank + 5
         self.ext = 1
         self.ev_idx = 0
@@ -297,30 +297,37 @@ class _Rank:
 
     # ---- op helpers --------------------------------------------------------------------------
     def op(self, name: str, kernels: List[Tuple[str, float]], pre: float = 6.0, cat: str = "cpu_op",
-           children: Tuple[str, ...] = (), shapes: str = "") -> Tuple[float, float]:
-        """A cpu_op (optionally with nested child ops) launching `kernels` [(name, gpu_us)]."""
+           children: Tuple[str, ...] = (), launcher: str = "", shapes: str = "") -> Tuple[float, float]:
+        """A cpu_op launching `kernels` [(name, gpu_us)]: first the kernel-less `children` (e.g.
+        aten::t), then the launches, inside a child span `launcher` (e.g. aten::addmm) if given."""
         ext = self.next_ext()
         ts = self.cpu
         self.cpu += self.jit(pre, 0.5)
         first_start = last_end = 0.0
         child_spans = []
-        for cname in children:  # zero-kernel children, e.g. aten::t > aten::transpose
+        for cname in children:
             cts = self.cpu
             self.cpu += 1.5 + 3.0 * self.r()
-            child_spans.append((cname, cts, self.cpu - cts))
+            child_spans.append((cname, cts, self.cpu - cts, self.next_ext()))
             self.cpu += 0.3
+        l_ts, l_ext = self.cpu, (self.next_ext() if launcher else ext)
+        if launcher:
+            self.cpu += 1.0 + 2.0 * self.r()
         for kname, kdur in kernels:
-            s, e = self.launch(kname, self.jit(kdur, 0.08), ext)
+            s, e = self.launch(kname, self.jit(kdur, 0.08), l_ext)
             first_start = first_start or s
             last_end = e
             self.cpu += 1.0 + 2.0 * self.r()
+        if launcher:
+            self.cpu += 0.5
+            child_spans.append((launcher, l_ts, self.cpu - l_ts, l_ext))
         if self.r() < 0.005:
             self.cpu += 100.0 + 900.0 * self.r()  # python / allocator hiccup: host-bound idle
         self.cpu += 1.0 + self.r()
         extra = shapes or ', "Input Dims": [[64, 1024], [1024, 1024]], "Input type": ["float", "float"]'
         self.cpu_span(cat, name, ts, self.cpu - ts, ext, extra)
-        for cname, cts, cdur in child_spans:
-            self.cpu_span("cpu_op", cname, cts, cdur, self.next_ext(), ', "Input Dims": [[1024, 1024]]')
+        for cname, cts, cdur, cext in child_spans:
+            self.cpu_span("cpu_op", cname, cts, cdur, cext, ', "Input Dims": [[64, 1024], [1024, 1024]]')
         self.cpu += 0.5 + self.r()
         return first_start, last_end
 
@@ -367,26 +374,31 @@ class _Rank:
         # forward
         for i in range(p.layers):
             g = p.gemm[i]
-            self.op("aten::linear", [(g[0], p.size[i])], pre=8.0, children=("aten::t",))
-            self.op("aten::relu", [(K_RELU, 4.0 + p.size[i] * 0.05)], pre=5.0)
+            self.op("aten::linear", [(g[0], p.size[i])], pre=8.0, children=("aten::t",), launcher="aten::addmm")
+            self.op("aten::relu", [(K_RELU, 4.0 + p.size[i] * 0.05)], pre=5.0, launcher="aten::clamp_min")
             if i % 4 == 3:
                 self.op("aten::layer_norm", [(K_LAYER_NORM, 6.0 + p.size[i] * 0.04)], pre=7.0,
-                        children=("aten::native_layer_norm",))
-        self.op("aten::mse_loss", [(K_MSE, 9.0)], pre=9.0)
+                        launcher="aten::native_layer_norm")
+        self.op("aten::mse_loss", [(K_MSE, 9.0)], pre=9.0, launcher="aten::mean")
         # backward
         bwd_ts = self.cpu
-        self.op("autograd::engine::evaluate_function: MseLossBackward0", [(K_MUL, 3.0), (K_FILL, 2.0)], pre=10.0)
+        self.op("autograd::engine::evaluate_function: MseLossBackward0", [(K_MUL, 3.0), (K_FILL, 2.0)], pre=10.0,
+                launcher="MseLossBackward0")
         done_layers = 0
+        bucket_idx = 0
         for i in reversed(range(p.layers)):
             g = p.gemm[i]
             if i % 4 == 3:
                 self.op("autograd::engine::evaluate_function: NativeLayerNormBackward0",
-                        [(K_LAYER_NORM_BWD, 8.0 + p.size[i] * 0.06)], pre=9.0)
-            self.op("autograd::engine::evaluate_function: ReluBackward0", [(K_RELU_BWD, 4.0 + p.size[i] * 0.06)], pre=8.0)
+                        [(K_LAYER_NORM_BWD, 8.0 + p.size[i] * 0.06)], pre=9.0,
+                        launcher="aten::native_layer_norm_backward")
+            self.op("autograd::engine::evaluate_function: ReluBackward0", [(K_RELU_BWD, 4.0 + p.size[i] * 0.06)], pre=8.0,
+                    launcher="aten::threshold_backward")
             self.op("autograd::engine::evaluate_function: AddmmBackward0",
                     [(g[1], p.size[i] * 1.05), (g[2], p.size[i] * 0.95), (K_SUM, 3.0 + p.size[i] * 0.02)],
-                    pre=12.0, children=("aten::t",))
-            self.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", [(K_ADD, 3.0)], pre=6.0)
+                    pre=12.0, children=("aten::t",), launcher="AddmmBackward0")
+            self.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", [(K_ADD, 3.0)], pre=6.0,
+                    launcher="aten::add_")
             done_layers += 1
             if done_layers % p.bucket == 0 or i == 0:
                 # DDP bucket ready: all-reduce on the NCCL stream after the gradients are computed
@@ -402,7 +414,8 @@ class _Rank:
                 rt_dur = 4.0 + 5.0 * self.r()
                 # the collective starts on this rank when launched and the gradients are there
                 start = max(t_rt + 5.0, self.stream_free[NCCL_STREAM] + 2.0, ready_dep + 1.0)
-                nelems = 262_144 * (1 + int(self.r() * 4)) if i else 1_048_576
+                nelems = p.bucket_nelems[min(bucket_idx, p.n_buckets - 1)]
+                bucket_idx += 1
                 # every rank reports its start; the driver answers with the common end time
                 end = yield ("allreduce", start, nelems)
                 big = nelems >= 1_048_576
@@ -528,7 +541,6 @@ def generate(out_dir, ranks: int = 2, steps: int = 5, kernels_per_step: int = 12
             # mtime=0 keeps the .gz bytes reproducible
             raw = open(p, "wb")
             gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0)
-            import io
             handles.append((io.TextIOWrapper(gz, encoding="utf-8"), gz, raw))
         else:
             handles.append((open(p, "w", encoding="utf-8"), None, None))
@@ -570,8 +582,9 @@ def generate(out_dir, ranks: int = 2, steps: int = 5, kernels_per_step: int = 12
             raw.close()
         summary["gpu_events"] += s.gpu_events
     for p in paths:
+        # sha256 of the JSON text (decompressed for .gz: zlib builds may differ in compressed bytes)
         h = hashlib.sha256()
-        with open(p, "rb") as f:
+        with (gzip.open(p, "rb") if compress else open(p, "rb")) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         summary["files"].append({"name": p.name, "bytes": p.stat().st_size, "sha256": h.hexdigest()})

@@ -1,6 +1,6 @@
 """Imports end to end: publish files through the bus, then wait until DuckDB holds all of it.
 
-The importers (``producers.import_fr``, ``producers.import_trace``) check and publish; the wait is
+The readers (``producers.fr_reader``, ``producers.import_trace``) check, ``producers.publish`` publishes; the wait is
 here because it reads the database: through the running materializer if there is one, otherwise
 by materializing once in this process.
 """
@@ -14,8 +14,7 @@ from pathlib import Path
 from rankstream.consumers.query import connect
 from rankstream.consumers.query_server import server_socket
 from rankstream.consumers.runner import run_materializer
-from rankstream.producers.import_fr import publish_fr_dumps
-from rankstream.producers.import_trace import publish_traces
+from rankstream.producers.publish import publish_fr_dumps, publish_traces
 from rankstream.producers.importing import ImportSummary
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import RankstreamError

@@ -15,26 +15,20 @@ import numpy as np
 import pyarrow as pa
 
 from rankstream.schemas.envelope import Envelope, PayloadKind
-from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS, RECOVERY_COUNTERS
+from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS
+from rankstream.schemas.tables import FR_ENTRIES, HEARTBEATS, PROCESS_GROUPS, RANK_METADATA
 from rankstream.schemas.trace import (NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS,
                                       TraceBatch)
 
-__all__ = ["project", "trace_table", "MESSAGE_COLUMN", "FR_SIZES_TYPE", "FR_FRAMES_TYPE"]
+__all__ = ["project", "trace_table", "MESSAGE_COLUMN"]
 
 #: Every projected row carries the index of its message in the poll, so rows of a message found
 #: to be a duplicate at commit time can be filtered out; the column is dropped before insert.
 MESSAGE_COLUMN = "_msg"
 
-#: Arrow types of the nested FR columns, matching fr_entries' BIGINT[][] and STRUCT(...)[].
-FR_SIZES_TYPE = pa.list_(pa.list_(pa.int64()))
-FR_FRAMES_TYPE = pa.list_(pa.struct([("name", pa.string()), ("filename", pa.string()), ("line", pa.int64())]))
-_FR_TYPES = {
-    "input_sizes": FR_SIZES_TYPE,
-    "output_sizes": FR_SIZES_TYPE,
-    "input_dtypes": pa.list_(pa.string()),
-    "output_dtypes": pa.list_(pa.string()),
-    "frames": FR_FRAMES_TYPE,
-}
+
+
+_SCHEMAS = {table.name: table.arrow_schema() for table in (FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_METADATA)}
 
 
 def _constant_strings(values: list[str], counts: list[int]) -> pa.DictionaryArray:
@@ -98,12 +92,12 @@ def _json(value) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
-def _rows_table(rows: list[dict], types: dict[str, pa.DataType] | None = None) -> pa.Table | None:
+def _rows_table(rows: list[dict], schema: pa.Schema) -> pa.Table | None:
+    """The rows as Arrow columns of the table's declared types (only the columns the rows fill)."""
     if not rows:
         return None
-    names = list(rows[0])
-    types = {MESSAGE_COLUMN: pa.int32(), **(types or {})}
-    return pa.table({n: pa.array([r[n] for r in rows], type=types.get(n)) for n in names})
+    types = {MESSAGE_COLUMN: pa.int32(), **{f.name: f.type for f in schema}}
+    return pa.table({n: pa.array([r[n] for r in rows], type=types[n]) for n in rows[0]})
 
 
 def _fr_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
@@ -127,7 +121,7 @@ def _heartbeat_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
     for i, e in envelopes:
         fields = e.payload.fields
         rows.append({MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "session_id": e.session_id, "sent_ns": e.sent_at_ns,
-                     **{name: fields[name] for name in HEARTBEAT_COUNTERS + RECOVERY_COUNTERS},
+                     **{name: fields[name] for name in HEARTBEAT_COUNTERS},
                      "final": fields["final"], "collectives": _json(fields["collectives"])})
     return rows
 
@@ -149,9 +143,9 @@ def project(envelopes: list[Envelope]) -> dict[str, pa.Table]:
         by_kind[envelope.kind].append((index, envelope))
     tables = {
         "trace_events": _trace_table(by_kind[PayloadKind.TRACE_BATCH]),
-        "fr_entries": _rows_table(_fr_rows(by_kind[PayloadKind.FR_BATCH]), _FR_TYPES),
-        "process_groups": _rows_table(_group_rows(by_kind[PayloadKind.PG_CONFIG]), {"ranks": pa.list_(pa.int32())}),
-        "heartbeats": _rows_table(_heartbeat_rows(by_kind[PayloadKind.HEARTBEAT])),
-        "rank_metadata": _rows_table(_metadata_rows(by_kind[PayloadKind.RANK_META])),
+        "fr_entries": _rows_table(_fr_rows(by_kind[PayloadKind.FR_BATCH]), _SCHEMAS["fr_entries"]),
+        "process_groups": _rows_table(_group_rows(by_kind[PayloadKind.PG_CONFIG]), _SCHEMAS["process_groups"]),
+        "heartbeats": _rows_table(_heartbeat_rows(by_kind[PayloadKind.HEARTBEAT]), _SCHEMAS["heartbeats"]),
+        "rank_metadata": _rows_table(_metadata_rows(by_kind[PayloadKind.RANK_META]), _SCHEMAS["rank_metadata"]),
     }
     return {name: table for name, table in tables.items() if table is not None}

@@ -25,10 +25,10 @@ from rankstream.schemas.topics import Record
 from rankstream.schemas.errors import DatabaseBusy, RankstreamError
 from rankstream.schemas.codec import DecodeFailure, decode
 from rankstream.schemas.envelope import Envelope
-from rankstream.schemas.tables import BOOKKEEPING_TABLES, PROJECTION_TABLES, ddl
+from rankstream.schemas.tables import BOOKKEEPING_TABLES, EXISTING_COLUMNS_SQL, PROJECTION_TABLES, REJECTS, ddl
 from rankstream.schemas.topics import parse_message_key
 
-__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable", "transaction", "insert_arrow"]
+__all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable", "transaction", "insert_arrow", "apply_schema"]
 
 
 @dataclass
@@ -78,6 +78,12 @@ def insert_arrow(connection: duckdb.DuckDBPyConnection, table: str, arrow: pa.Ta
         connection.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming_{table}")
 
 
+def apply_schema(connection: duckdb.DuckDBPyConnection) -> None:
+    """Create the tables, views and macros, adding the columns a file from an older version lacks."""
+    existing = {table: set(columns) for table, columns in connection.execute(EXISTING_COLUMNS_SQL).fetchall()}
+    connection.execute(ddl(existing))
+
+
 def open_writable(path: Path, wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
     """Open the DuckDB file for writing, retrying while another process holds it."""
     deadline = time.monotonic() + wait_s
@@ -104,7 +110,7 @@ class Store:
 
     def __init__(self, connection: duckdb.DuckDBPyConnection) -> None:
         self.connection = connection
-        connection.execute(ddl())
+        apply_schema(connection)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.connection.cursor()
@@ -132,7 +138,7 @@ class Store:
         con = self.connection
         con.execute("BEGIN")
         for table in PROJECTION_TABLES + BOOKKEEPING_TABLES:
-            con.execute(f"DELETE FROM {table}")
+            con.execute(f"DELETE FROM {table.name}")
         con.execute("COMMIT")
         con.execute("CHECKPOINT")
 
@@ -201,11 +207,7 @@ class Store:
             self.connection.execute("INSERT OR REPLACE INTO consumer_offsets SELECT * FROM _offsets")
 
 
-_REJECT_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("partition", pa.int32()), ("kafka_offset", pa.int64()),
-    ("message_key", pa.binary()), ("message_ts_ms", pa.int64()), ("run_id", pa.string()),
-    ("rank", pa.int32()), ("reason", pa.string()), ("raw", pa.binary()),
-])
+_REJECT_SCHEMA = REJECTS.arrow_schema()
 
 
 @dataclass

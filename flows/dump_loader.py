@@ -25,26 +25,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rankstream.schemas.errors import BadInput
-from rankstream.producers.import_fr import list_fr_files, parse_dump_bytes
+from rankstream.producers.fr_reader import backend_of, entry_from_dump, groups_from_pg_config, list_fr_files, parse_dump
 from rankstream.producers.importing import check_input_file, paused_gc
-from rankstream.consumers.projector import FR_FRAMES_TYPE, FR_SIZES_TYPE
-from rankstream.schemas.fr_dump import DUMP_FIELDS, groups_from_pg_config
-from rankstream.schemas.safe_pickle import UnsafePickle
+from rankstream.schemas.fields import PayloadError
+from rankstream.schemas.tables import FR_ENTRIES
 
 __all__ = ["LoadedDumps", "write_dump_parquet", "load_dump_directory", "FR_SCHEMA"]
 
-FR_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("rank", pa.int32()), ("snapshot_ns", pa.int64()), ("record_id", pa.int64()),
-    ("pg_id", pa.int64()), ("pg_name", pa.string()), ("pg_desc", pa.string()), ("thread_name", pa.string()),
-    ("thread_id", pa.string()), ("collective_seq_id", pa.int64()), ("p2p_seq_id", pa.int64()), ("op_id", pa.int64()),
-    ("profiling_name", pa.string()), ("time_created_ns", pa.int64()), ("time_discovered_started_ns", pa.int64()),
-    ("time_discovered_completed_ns", pa.int64()), ("input_sizes", FR_SIZES_TYPE), ("input_dtypes", pa.list_(pa.string())),
-    ("output_sizes", FR_SIZES_TYPE), ("output_dtypes", pa.list_(pa.string())), ("state", pa.string()),
-    ("retired", pa.bool_()), ("timeout_ms", pa.int64()), ("is_p2p", pa.bool_()), ("frames", FR_FRAMES_TYPE),
-])
-#: Fields copied as torch wrote them; the others are converted below (or are the row's identity).
-_PLAIN = tuple(name for name in DUMP_FIELDS if name not in (
-    "record_id", "thread_id", "time_discovered_started_ns", "time_discovered_completed_ns", "frames"))
+FR_SCHEMA = FR_ENTRIES.arrow_schema()
 #: Below this many files, worker processes cost more than they save.
 _PARALLEL_FROM = 32
 
@@ -91,20 +79,13 @@ def _table(entries: list, rank: int, run_id: str, with_frames: bool, complete: b
         try:
             return _analysis_table(entries, rank, run_id)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):
-            pass  # not torch's exact types: the lenient conversion below decides
-    n = len(entries)
-    columns: dict[str, Any] = {**_key_columns(n, rank, run_id), "record_id": [e["record_id"] for e in entries]}
-    groups = [e.get("process_group") or (None, None) for e in entries]
-    columns["pg_name"] = [None if g[0] is None else str(g[0]) for g in groups]
-    columns["pg_desc"] = [None if len(g) < 2 or g[1] is None else str(g[1]) for g in groups]
-    for name in _PLAIN if complete else _ANALYSIS_FIELDS:
-        columns[name] = [e.get(name) for e in entries]
-    if complete:
-        columns["thread_id"] = [None if t is None else str(t) for t in (e.get("thread_id") for e in entries)]
-        for name in ("time_discovered_started_ns", "time_discovered_completed_ns"):
-            columns[name] = [e.get(name) or None for e in entries]  # JSON dumps write 0 for unknown
-    if with_frames:
-        columns["frames"] = [e.get("frames") for e in entries]
+            pass  # not torch's exact types: translated entry by entry below, as the bus import does
+    rows = [entry_from_dump(entry) for entry in entries]
+    n = len(rows)
+    names = [c.name for c in FR_ENTRIES.wire_columns() if with_frames or c.name != "frames"] if complete else \
+        ["record_id", "pg_name", "pg_desc", *_ANALYSIS_FIELDS] + (["frames"] if with_frames else [])
+    columns = {**_key_columns(n, rank, run_id),
+               **{name: pa.array([row[name] for row in rows], FR_SCHEMA.field(name).type) for name in names}}
     return _fr_table(columns, n)
 
 
@@ -206,24 +187,18 @@ def _load_chunk(job: tuple[str, list[tuple[int, str]], str, bool, bool]) -> tupl
 def _load_file(path: Path, rank: int, run_id: str, with_frames: bool, complete: bool) -> tuple[str, Any]:
     try:
         check_input_file(path)
-        dump = parse_dump_bytes(path.read_bytes())
-        if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
-            raise BadInput(f"{path}: not a Flight Recorder dump (expected a map with a list 'entries')")
-        entries = dump.get("entries", [])
+        dump = parse_dump(path.read_bytes(), str(path))
         try:
-            table = _table(entries, rank, run_id, with_frames, complete)
-        except (KeyError, TypeError, AttributeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            table = _table(dump["entries"], rank, run_id, with_frames, complete)
+        except (PayloadError, KeyError, TypeError, AttributeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise BadInput(f"{path}: an entry does not follow the FR dump layout ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0][:200]})") from None
         if table.num_rows and pc.any(pc.is_null(table["profiling_name"])).as_py():
             raise BadInput(f"{path}: an entry has no profiling_name")
-        prefixes = {n.split(":", 1)[0] for n in pc.unique(table["profiling_name"]).to_pylist() if ":" in n}
-        backend = prefixes.pop() if len(prefixes) == 1 else None
+        backend = backend_of(pc.unique(table["profiling_name"]).to_pylist())
         return "ok", (table, *_process_groups(dump.get("pg_config"), backend))
     except BadInput as exc:
         return "error", str(exc)
-    except (UnsafePickle, ValueError) as exc:
-        return "error", f"{path}: {exc}"
     except OSError as exc:
         return "error", f"{path}: cannot read: {exc.strerror or exc}"
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from rankstream.consumers.query import Database, connect
 from rankstream.consumers.query_server import PROCEDURE_PREFIX
 from rankstream.schemas.errors import BadInput, QueryError
-from rankstream.schemas.tables import SCHEMA_VERSION, ddl
+from rankstream.schemas.tables import EXISTING_COLUMNS_SQL, SCHEMA_VERSION, ddl
 
 __all__ = ["replace_run_rows", "analysis_done", "bind", "require_run", "ensure_schema"]
 
@@ -55,7 +55,8 @@ def ensure_schema(db_path: Path | Database) -> None:
     except QueryError:
         current = False
     if not current:
-        database.execute(ddl())
+        existing = {table: set(columns) for table, columns in database.fetchall(EXISTING_COLUMNS_SQL)}
+        database.execute(ddl(existing))
 
 
 def analysis_done(run_id: str, analysis: str, detail: str | None = None) -> tuple[str, dict[str, Any]]:

@@ -28,7 +28,6 @@ collective times out, and the tap must never block.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -36,20 +35,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rankstream.schemas.fr_dump import entry_from_dump, groups_from_pg_config, status_from_pg_status
-from rankstream.schemas.safe_pickle import safe_loads
+from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config, parse_dump, status_from_pg_status
 
-__all__ = ["FlightRecorderTap", "FlightRecorderDumps", "read_dump"]
+__all__ = ["FlightRecorderTap", "FlightRecorderDumps"]
 
 #: Ticks without progress in any group before the rank's stack is published as "idle".
 _IDLE_TICKS = 3
-
-
-def read_dump(raw: bytes) -> dict[str, Any]:
-    """A dump as a dict, whether torch gave pickle or JSON bytes."""
-    if raw[:1] in (b"{", b"["):
-        return json.loads(raw)
-    return safe_loads(raw)
 
 
 @dataclass(frozen=True)
@@ -148,7 +139,8 @@ class FlightRecorderTap:
         if self._dumps is None:
             self._dumps = FlightRecorderDumps.from_torch()
         self.snapshots += 1
-        previous, status = self._status, status_from_pg_status(read_dump(self._dumps.status()).get("pg_status"))
+        previous, status = self._status, status_from_pg_status(
+            parse_dump(self._dumps.status(), "the Flight Recorder's progress", entries=False).get("pg_status"))
         self._status = status
         if status:
             self._producer.set_collectives(status)
@@ -157,7 +149,7 @@ class FlightRecorderTap:
         published = 0
         if final or self._full_dump_due(stuck):
             started = time.thread_time()
-            published = self._publish(read_dump(self._dumps.entries()))
+            published = self._publish(parse_dump(self._dumps.entries(), "the Flight Recorder's ring", entries=False))
             self._full_cost_s = time.thread_time() - started
         if stuck:
             self._report_stall(stuck)
@@ -166,7 +158,7 @@ class FlightRecorderTap:
         if final:
             raw = _call_with_timeout(self._dumps.entries_with_frames, timeout_s=2.0)
             if raw:
-                published += self._publish(read_dump(raw))
+                published += self._publish(parse_dump(raw, "the Flight Recorder's ring", entries=False))
         return published
 
     def _full_dump_due(self, stuck: set[str]) -> bool:

@@ -1,4 +1,4 @@
-"""``rankstream import trace FILE...``: Chrome-format trace files into the bus.
+"""Reading Chrome-format trace files for ``rankstream import trace`` and ``rankstream merge``.
 
 Accepts Kineto / torch.profiler exports (``{"traceEvents": [...], "baseTimeNanoseconds": ...,
 "distributedInfo": {...}}``), Composer's per-rank and merged traces, generic Chrome arrays and
@@ -10,7 +10,7 @@ Each file is parsed once. The first pass checks every event, converts it into ba
 in a temporary file (``BatchFile``), and collects what only the whole file tells: the
 ``ProfilerStep#N`` spans that give each event its step, the base time, the rank. Only when every
 file has passed does the second pass give the batches their absolute times and steps and publish
-them. So a bad file is reported with its name and imports nothing.
+them (``producers.publish``). So a bad file is reported with its name and imports nothing.
 
 Timestamps: Chrome ``ts``/``dur`` are microseconds; Kineto's ``ts`` is relative to
 ``baseTimeNanoseconds``, Composer's is epoch time. Both become epoch nanoseconds. The rank comes
@@ -42,21 +42,14 @@ import numpy as np
 
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BadInput, RankstreamError
-from rankstream.producers.importing import (
-    ImportSummary,
-    check_input_file,
-    content_session_id,
-    publish_ranks,
-    wait_for_room,
-)
+from rankstream.producers.importing import check_input_file, content_session_id
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.trace_columns import (Steps, as_int, event_columns, finish_batch, step_number, steps_by_pid,
                                                 trace_batches)
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
 from rankstream.schemas.trace import TraceBatch
 
-__all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts",
-           "publish_traces"]
+__all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
 CHROME_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
@@ -199,17 +192,6 @@ def file_parts(info: TraceFile, batches: BatchFile) -> Iterator[tuple[int, Trace
             yield info.rank, batch
 
 
-def _emit_events(info: TraceFile, batches: BatchFile, producers: dict) -> dict[int, int]:
-    """Publish the file's batches, each to the producer of its rank."""
-    counts = dict.fromkeys(producers, 0)
-    for rank, part in file_parts(info, batches):
-        if rank in producers:
-            producers[rank].emit_batch(part)
-            counts[rank] += part.count
-            wait_for_room(producers[rank])
-    return counts
-
-
 #: Below this much input, reading the files one after another beats starting reader processes.
 PARALLEL_READ_BYTES = 16 << 20
 
@@ -249,20 +231,3 @@ def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory
         except BrokenProcessPool:
             raise RankstreamError("a trace reader process died (out of memory?); "
                                   "import the files one at a time") from None
-
-
-def publish_traces(config: Config, paths: list[Path], *, run_id: str | None = None,
-                   rank: int | None = None) -> ImportSummary:
-    """Check every file, then publish their events through the bus (see the module docstring)."""
-    with tempfile.TemporaryDirectory(prefix="rankstream-import-") as directory:
-        scanned = scan_files(paths, rank, config.producer.batch_events, Path(directory))
-        ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
-        world_size = max([len(paths)] + [r + 1 for r in ranks] + [s.world_size or 0 for s in scanned])
-        summary = ImportSummary(run_id=run_id or f"trace-{scanned[0].path.name.split('.')[0]}")
-        for index, info in enumerate(scanned):
-            targets = sorted(info.pids) if info.ranks_from_pid else [info.rank]
-            with BatchFile(Path(directory) / str(index)) as batches:
-                publish_ranks(config, summary.run_id, targets, world_size, info.session_id,
-                              lambda producers, info=info, batches=batches: _emit_events(info, batches, producers),
-                              summary)
-    return summary

@@ -34,10 +34,9 @@ from rankstream.schemas.settings import load_config
 from rankstream.producers.delivery import Delivery
 from rankstream.producers.spool import Spool, SpooledMessage
 from rankstream.producers.transport import KafkaTransport, Transport
-from tests.doubles import MemoryTransport
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind, Stream
-from rankstream.schemas.records import HEARTBEAT_COUNTERS, RECOVERY_COUNTERS, FrBatch, Heartbeat, PgConfig, RankMeta
+from rankstream.schemas.records import HEARTBEAT_COUNTERS, FrBatch, Heartbeat, PgConfig, RankMeta
 from rankstream.schemas.topics import message_key, topic_for
 from rankstream.schemas.trace import TraceBatch
 
@@ -403,7 +402,7 @@ class Producer:
     def _send_heartbeat(self, final: bool) -> None:
         stats = self.stats()
         wire = Heartbeat(fields={
-            **{name: getattr(stats, name) for name in HEARTBEAT_COUNTERS + RECOVERY_COUNTERS},
+            **{name: getattr(stats, name) for name in HEARTBEAT_COUNTERS},
             "final": final,
             "collectives": self._collectives,
         }).to_wire()

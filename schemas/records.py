@@ -1,8 +1,9 @@
 """Low-volume payloads: Flight Recorder entries, process groups, rank metadata and heartbeats.
 
 These are row-oriented maps (tens of messages per second per rank at most), validated against
-field specs. Field names are rankstream's own: the FR tap and the FR importer translate torch's
-dump layout (e.g. ``process_group: (name, desc)``) into ``pg_name``/``pg_desc`` before sending.
+field specs derived from the tables they fill (``schemas.tables``). Field names are rankstream's
+own: the FR reader translates torch's dump layout (e.g. ``process_group: (name, desc)``) into
+``pg_name``/``pg_desc`` before sending.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rankstream.schemas.columns import Table
 from rankstream.schemas.fields import (
+    Checker,
     PayloadError,
     boolean,
     check_record,
@@ -19,8 +22,9 @@ from rankstream.schemas.fields import (
     list_of,
     text,
 )
+from rankstream.schemas.tables import FR_ENTRIES, HEARTBEATS, PROCESS_GROUPS, RANK_METADATA
 
-__all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "FR_FIELDS", "HEARTBEAT_COUNTERS", "RECOVERY_COUNTERS"]
+__all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "FR_FIELDS", "HEARTBEAT_COUNTERS", "wire_spec"]
 
 MAX_RECORDS = 100_000
 
@@ -35,47 +39,30 @@ def _thread_id(value: Any) -> str:
     raise PayloadError(f"expected an integer or string, got {type(value).__name__}")
 
 
-_sizes = list_of(list_of(integer))
-_dtypes = list_of(text)
+#: How a payload value of each column type is checked.
+_CHECKERS = {
+    "BIGINT": integer, "INTEGER": integer, "VARCHAR": text, "BOOLEAN": boolean,
+    "BIGINT[][]": list_of(list_of(integer)), "VARCHAR[]": list_of(text), "INTEGER[]": list_of(integer),
+    "STRUCT(name VARCHAR, filename VARCHAR, line BIGINT)[]": list_of(_frame),
+}
+#: Payload fields whose value is richer than the column that stores it: a thread id may be an int
+#: (torch's pickles) or a string; the JSON columns arrive as maps and are stored as text.
+_OVERRIDES = {"thread_id": _thread_id, "metadata": json_object, "collectives": json_object}
+
+
+def wire_spec(table: Table) -> dict[str, tuple[Checker, bool]]:
+    """``{field: (checker, required)}`` of the payload that fills ``table``, from its declaration."""
+    return {c.name: (_OVERRIDES.get(c.name) or _CHECKERS[c.type], c.wire == "required")
+            for c in table.wire_columns()}
+
 
 #: Every Flight Recorder field that rankstream keeps, with its checker and whether it is required.
-FR_FIELDS = {
-    "record_id": (integer, True),
-    "pg_id": (integer, False),
-    "pg_name": (text, False),
-    "pg_desc": (text, False),
-    "thread_name": (text, False),
-    "thread_id": (_thread_id, False),
-    "collective_seq_id": (integer, False),
-    "p2p_seq_id": (integer, False),
-    "op_id": (integer, False),
-    "profiling_name": (text, True),
-    "time_created_ns": (integer, False),
-    "time_discovered_started_ns": (integer, False),
-    "time_discovered_completed_ns": (integer, False),
-    "input_sizes": (_sizes, False),
-    "input_dtypes": (_dtypes, False),
-    "output_sizes": (_sizes, False),
-    "output_dtypes": (_dtypes, False),
-    "state": (text, False),
-    "retired": (boolean, False),
-    "timeout_ms": (integer, False),
-    "is_p2p": (boolean, False),
-    "frames": (list_of(_frame), False),
-}
-
-HEARTBEAT_COUNTERS = (
-    "events_emitted",
-    "events_sent",
-    "events_spooled",
-    "events_dropped",
-    "bytes_sent",
-    "buffered_events",
-    "spool_bytes",
-)
-
-#: Broker-restart counters (see ``producers.delivery``); optional, as older producers lack them.
-RECOVERY_COUNTERS = ("broker_resets", "events_resent", "events_not_resent")
+FR_FIELDS = wire_spec(FR_ENTRIES)
+_GROUP = wire_spec(PROCESS_GROUPS)
+_RANK_META = wire_spec(RANK_METADATA)
+_HEARTBEAT = wire_spec(HEARTBEATS)
+#: The producer counters a heartbeat carries (the stats ``Producer.stats`` gives).
+HEARTBEAT_COUNTERS = tuple(name for name, (check, _) in _HEARTBEAT.items() if check is integer)
 
 
 def _records(wire: Any, key: str, what: str) -> list:
@@ -103,12 +90,6 @@ class FrBatch:
         return cls(snapshot_ns=snapshot, entries=entries)
 
 
-_GROUP = {
-    "pg_name": (text, True),
-    "pg_desc": (text, False),
-    "ranks": (list_of(integer), False),
-    "backend": (text, False),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,21 +106,6 @@ class PgConfig:
         return cls(groups=[check_record(g, _GROUP, "process group") for g in _records(wire, "groups", "pg config")])
 
 
-_RANK_META = {
-    "host": (text, True),
-    "pid": (integer, True),
-    "started_at_ns": (integer, True),
-    "local_rank": (integer, False),
-    "node_rank": (integer, False),
-    "local_world_size": (integer, False),
-    "torch_version": (text, False),
-    "backend": (text, False),
-    "backend_version": (text, False),
-    "clock_sync_ns": (integer, False),
-    "clock_error_ns": (integer, False),
-    "clock_round": (integer, False),
-    "metadata": (json_object, False),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +122,6 @@ class RankMeta:
         return cls(fields=check_record(wire, _RANK_META, "rank metadata"))
 
 
-_HEARTBEAT = {name: (integer, True) for name in HEARTBEAT_COUNTERS} | {
-    name: (integer, False) for name in RECOVERY_COUNTERS} | {
-    "final": (boolean, True),
-    "collectives": (json_object, False),
-}
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,9 +63,9 @@ def test_fr_dumps_round_trip_and_reimport_adds_nothing(artifacts, broker):
     rows = dict(database.fetchall("SELECT rank, count(*) FROM fr_entries WHERE run_id = 'fr-real' GROUP BY rank"))
     for rank in (0, 1):
         raw = (artifacts / "fr" / f"rank_{rank}").read_bytes()
-        from rankstream.producers.flight_recorder import read_dump
+        from rankstream.producers.fr_reader import parse_dump
 
-        assert rows[rank] == len(read_dump(raw)["entries"]) == summary.ranks[rank] > 0
+        assert rows[rank] == len(parse_dump(raw, "dump")["entries"]) == summary.ranks[rank] > 0
     framed = database.fetchall("SELECT count(*) FROM fr_entries WHERE run_id = 'fr-real' AND rank = 0 "
                                "AND len(frames) > 0")[0][0]
     assert framed == rows[0]  # the pickle dump carries stack frames

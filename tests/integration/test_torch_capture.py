@@ -10,8 +10,8 @@ import pytest
 from rankstream.schemas.settings import config_env
 from rankstream.consumers.query import connect
 from rankstream.demo.job import JobSpec, read_reports, start_job
-from rankstream.producers.flight_recorder import read_dump
-from rankstream.schemas.fr_dump import entry_from_dump
+from rankstream.producers.fr_reader import parse_dump
+from rankstream.producers.fr_reader import entry_from_dump
 
 from .conftest import free_port
 

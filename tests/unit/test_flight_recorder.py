@@ -12,7 +12,7 @@ import pytest
 import threading
 
 from rankstream.producers.flight_recorder import FlightRecorderDumps, FlightRecorderTap
-from rankstream.schemas.fr_dump import entry_from_dump, groups_from_pg_config, status_from_pg_status
+from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config, status_from_pg_status
 from rankstream.schemas.safe_pickle import UnsafePickle, safe_loads
 
 ROOT = Path(__file__).resolve().parents[2]

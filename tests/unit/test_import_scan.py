@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from rankstream.schemas.errors import BadInput
-from rankstream.producers.import_fr import read_fr_directory
+from rankstream.producers.fr_reader import read_fr_directory
 from rankstream.producers.import_trace import scan_trace
 
 EVENTS = [

@@ -1,0 +1,113 @@
+"""The analyses' result tables, declared once (see ``schemas.columns``).
+
+Each analysis replaces one run's rows in one transaction, so these tables hold many runs and a run
+can be analyzed again while its data keeps arriving. A rebuild of the projections leaves them: the
+analyses recompute them.
+"""
+
+from __future__ import annotations
+
+from rankstream.schemas.columns import Column as C
+from rankstream.schemas.columns import Table
+
+__all__ = ["ANALYSIS_TABLES", "FINDINGS", "LIVE_FINDINGS"]
+
+_RUN, _RANK = C("run_id", "VARCHAR", not_null=True), C("rank", "INTEGER", not_null=True)
+
+FINDINGS = Table("findings", "The collective diagnosis of a run (rankstream analyze collectives / diagnose).", (
+    _RUN,
+    C("position", "INTEGER", "reporting order: the root cause first", not_null=True),
+    C("kind", "VARCHAR", "skipped_collective, type_mismatch, stuck_in_collective, ...", not_null=True),
+    C("pg_name", "VARCHAR"), C("pg_desc", "VARCHAR"),
+    C("seq", "BIGINT", "collective_seq_id (p2p_seq_id for p2p findings)"),
+    C("culprit_ranks", "INTEGER[]"), C("ranks_involved", "INTEGER[]"),
+    C("expected", "VARCHAR", "JSON"), C("actual", "VARCHAR", "JSON"), C("detail", "VARCHAR"),
+))
+
+LIVE_FINDINGS = Table("live_findings", "Written every couple of seconds by the live hang watch beside the "
+                      "materializer: the current hangs and dead ranks of runs still heartbeating.", (
+    _RUN,
+    C("detected_ns", "BIGINT", not_null=True),
+    C("kind", "VARCHAR", not_null=True),
+    C("pg_name", "VARCHAR"), C("seq", "BIGINT", "the collective the other ranks wait in"), C("op", "VARCHAR"),
+    C("since_ns", "BIGINT", "when the group stopped progressing (or the last heartbeat)"),
+    C("culprit_ranks", "INTEGER[]"), C("waiting_ranks", "INTEGER[]"),
+    C("detail", "VARCHAR", "JSON: each culprit's last enqueued/completed, heartbeat, stack"),
+))
+
+CLOCK_OFFSETS = Table("clock_offsets", "Per-rank clock offsets: the rank's clock minus the reference rank's, from "
+                      "every source that had data; the one used for alignment has chosen = true.", (
+    _RUN, _RANK,
+    C("reference_rank", "INTEGER", not_null=True),
+    C("source", "VARCHAR", "barrier, flight_recorder, profiler_steps, none", not_null=True),
+    C("offset_ns", "BIGINT"), C("error_ns", "BIGINT", "the true offset lies within offset_ns +- error_ns"),
+    C("samples", "BIGINT"), C("chosen", "BOOLEAN", not_null=True), C("detail", "VARCHAR"),
+))
+
+STEP_TRACE = Table("step_trace", "One row per (run, rank, step), like MindSpore's step_trace_time: the step's span "
+                   "and its phases (each the union of its intervals inside the step).", (
+    _RUN, _RANK,
+    C("step", "BIGINT", not_null=True),
+    C("start_ns", "BIGINT", "aligned clock", not_null=True), C("end_ns", "BIGINT", not_null=True),
+    C("duration_ns", "BIGINT", not_null=True),
+    C("data_ns", "BIGINT"), C("forward_ns", "BIGINT"), C("backward_ns", "BIGINT"), C("optimizer_ns", "BIGINT"),
+    C("communication_ns", "BIGINT"),
+    C("other_ns", "BIGINT", "in no phase: Python overhead, sleeps, unannotated work"),
+    C("busy_ns", "BIGINT", "duration minus communication: what peers may wait for"),
+    C("iteration_interval_ns", "BIGINT", "step start to first forward"),
+    C("fp_bp_ns", "BIGINT", "first forward start to last backward end"),
+    C("tail_ns", "BIGINT", "last backward end to step end"),
+    C("slowest_order", "INTEGER", "1 = the rank with the most busy time in this step"),
+))
+
+RANK_SLOWNESS = Table("rank_slowness", "Per (run, rank): how often and by how much the rank is the slowest.", (
+    _RUN, _RANK,
+    C("steps", "BIGINT"), C("mean_step_ns", "DOUBLE"), C("mean_busy_ns", "DOUBLE"),
+    C("busy_vs_median", "DOUBLE", "mean busy time / the median rank's mean busy time"),
+    C("times_slowest", "BIGINT"), C("ranking", "INTEGER", "1 = slowest overall"),
+))
+
+COMM_SUMMARY = Table("comm_summary", "Per (run, group, op) from the Flight Recorder entries: counts, times, sizes and "
+                     "bandwidth; wait is the time before the last peer arrived, transfer the rest.", (
+    _RUN,
+    C("pg_name", "VARCHAR"), C("pg_desc", "VARCHAR"), C("op", "VARCHAR", not_null=True),
+    C("calls", "BIGINT", "distinct collectives (p2p: operations)"), C("rank_entries", "BIGINT"),
+    C("total_ns", "BIGINT", "summed over ranks"), C("mean_ns", "DOUBLE"),
+    C("total_bytes", "BIGINT", "summed over ranks"), C("mean_bytes", "DOUBLE"),
+    C("bandwidth_gb_s", "DOUBLE", "mean bytes / mean time per rank entry (algorithm bandwidth)"),
+    C("wait_ns", "BIGINT"), C("transfer_ns", "BIGINT"),
+    C("time_source", "VARCHAR", "flight_recorder, profiler (gloo spans scaled to all calls) or NULL"),
+))
+
+COMM_MATRIX = Table("comm_matrix", "rank x rank traffic, like MindSpore's communication matrix.", (
+    _RUN,
+    C("kind", "VARCHAR", "p2p (each send from src to dst) or collective (bytes split over the other members)",
+      not_null=True),
+    C("src_rank", "INTEGER", not_null=True), C("dst_rank", "INTEGER", not_null=True),
+    C("ops", "BIGINT"), C("bytes", "DOUBLE"), C("time_ns", "DOUBLE"), C("bandwidth_gb_s", "DOUBLE"),
+))
+
+TEMPORAL_BREAKDOWN = Table("temporal_breakdown", "Per (run, rank) of CPU-only runs: compute, communication, both at "
+                           "once, and idle, over the rank's traced span.", (
+    _RUN, _RANK,
+    C("span_ns", "BIGINT"), C("compute_ns", "BIGINT"), C("communication_ns", "BIGINT"),
+    C("overlap_ns", "BIGINT", "computing while communicating"), C("idle_ns", "BIGINT"),
+    C("compute_pct", "DOUBLE"), C("communication_pct", "DOUBLE"), C("idle_pct", "DOUBLE"),
+    C("overlap_pct_of_comm", "DOUBLE"),
+))
+
+OP_STATS = Table("op_stats", "Per (run, op name): time per rank and its spread across ranks.", (
+    _RUN,
+    C("name", "VARCHAR", not_null=True), C("ranks", "BIGINT"), C("calls", "BIGINT"),
+    C("total_ns", "BIGINT", "all ranks"), C("mean_rank_ns", "DOUBLE", "per rank"),
+    C("min_rank_ns", "BIGINT"), C("max_rank_ns", "BIGINT"), C("max_rank", "INTEGER"),
+    C("spread", "DOUBLE", "(max - min) / mean over ranks"), C("position", "INTEGER", "1 = most total time"),
+))
+
+ANALYSES_DONE = Table("analyses_done", "Which analyses ran for which run (the end-of-run trigger runs each once).", (
+    _RUN,
+    C("analysis", "VARCHAR", not_null=True), C("finished_ns", "BIGINT", not_null=True), C("detail", "VARCHAR"),
+))
+
+ANALYSIS_TABLES = (FINDINGS, LIVE_FINDINGS, CLOCK_OFFSETS, STEP_TRACE, RANK_SLOWNESS, COMM_SUMMARY, COMM_MATRIX,
+                   TEMPORAL_BREAKDOWN, OP_STATS, ANALYSES_DONE)

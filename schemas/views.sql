@@ -1,0 +1,161 @@
+-- Views and macros over the tables declared in schemas/tables.py and schemas/analysis_tables.py.
+-- Views are derived, so they are identical whatever order a replay delivers partitions in.
+
+CREATE OR REPLACE VIEW ranks AS
+SELECT run_id, rank, world_size, host, pid, local_rank, node_rank, local_world_size,
+       torch_version, backend, backend_version, started_at_ns, clock_sync_ns, clock_error_ns,
+       session_id, sent_ns AS last_metadata_ns
+FROM rank_metadata
+QUALIFY row_number() OVER (PARTITION BY run_id, rank ORDER BY sent_ns DESC, session_id DESC) = 1;
+
+CREATE OR REPLACE VIEW runs AS
+WITH started AS (
+    SELECT run_id, min(started_at_ns) AS started_at_ns, max(world_size) AS world_size,
+           arg_max(metadata, sent_ns) AS metadata
+    FROM rank_metadata GROUP BY run_id
+), finished AS (
+    SELECT run_id, count(DISTINCT rank) AS final_ranks, max(sent_ns) AS last_final_ns
+    FROM heartbeats WHERE final GROUP BY run_id
+)
+SELECT s.run_id,
+       make_timestamp(s.started_at_ns // 1000) AS started_at,
+       CASE WHEN f.final_ranks >= s.world_size THEN make_timestamp(f.last_final_ns // 1000) END AS ended_at,
+       s.world_size,
+       s.metadata
+FROM started s LEFT JOIN finished f USING (run_id);
+
+CREATE OR REPLACE VIEW fr_entries_latest AS
+SELECT * FROM fr_entries
+QUALIFY row_number() OVER (PARTITION BY run_id, rank, record_id ORDER BY snapshot_ns DESC) = 1;
+
+-- Derived by the analysis flows (flows/merge.py, flows/steps.py, flows/comms.py, flows/breakdown.py).
+-- Each analysis replaces one run's rows in one transaction, so these tables can hold many runs and
+-- a run can be re-analyzed while its data keeps arriving.
+
+CREATE OR REPLACE VIEW aligned_events AS
+SELECT e.run_id, e.rank, e.name, e.cat, e.ph,
+       e.ts_ns - coalesce(o.offset_ns, 0) AS ts_ns, e.dur_ns,
+       e.rank::BIGINT AS pid, e.pid AS os_pid, e.tid, e.step,
+       (e.rank::BIGINT << 40) | e.flow_id AS flow_id,
+       (e.rank::BIGINT << 40) | e.correlation_id AS correlation_id,
+       e.args
+FROM trace_events e
+LEFT JOIN clock_offsets o ON o.run_id = e.run_id AND o.rank = e.rank AND o.chosen;
+
+CREATE OR REPLACE MACRO event_phase(name) AS CASE
+    WHEN regexp_matches(lower(name), 'all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|nccl|gloo|c10d::|\bsend\b|\brecv\b|isend|irecv|communicat')
+        THEN 'communication'
+    WHEN regexp_matches(lower(name), 'optimizer|optim\.|zero_grad') THEN 'optimizer'
+    WHEN regexp_matches(lower(name), 'backward|autograd::engine') THEN 'backward'
+    WHEN regexp_matches(lower(name), 'dataloader|data_loader|^data$|^data[ _:.]|load_batch|next_batch|get_batch') THEN 'data'
+    WHEN regexp_matches(lower(name), 'forward|^fwd\b') THEN 'forward'
+END;
+
+CREATE OR REPLACE MACRO dtype_bytes(dtype) AS CASE
+    WHEN lower(dtype) IN ('double', 'float64', 'long', 'int64', 'complexfloat', 'uint64') THEN 8
+    WHEN lower(dtype) IN ('float', 'float32', 'int', 'int32', 'uint32') THEN 4
+    WHEN lower(dtype) IN ('half', 'float16', 'bfloat16', 'short', 'int16', 'uint16') THEN 2
+    WHEN lower(dtype) IN ('complexdouble') THEN 16
+    ELSE 1
+END;
+
+CREATE OR REPLACE MACRO tensor_bytes(sizes, dtypes) AS coalesce(list_sum(list_transform(
+    range(len(sizes)),
+    lambda i: coalesce(list_aggregate(sizes[i + 1], 'product'), 1)::BIGINT * dtype_bytes(dtypes[i + 1]))), 0);
+
+CREATE OR REPLACE MACRO rank_offsets(run) AS TABLE
+SELECT rank, offset_ns FROM clock_offsets WHERE run_id = run AND chosen;
+
+CREATE OR REPLACE MACRO run_span_pairs(run) AS TABLE
+WITH spans AS (
+    SELECT rank, tid, name, cat, ph, ts_ns, step, args,
+           sum(CASE WHEN ph = 'B' THEN 1 ELSE -1 END) OVER (
+               PARTITION BY rank, tid ORDER BY ts_ns, ph DESC ROWS UNBOUNDED PRECEDING) AS depth
+    FROM trace_events WHERE run_id = run AND ph IN ('B', 'E')
+), numbered AS (
+    SELECT *, row_number() OVER (PARTITION BY rank, tid, level, ph ORDER BY ts_ns) AS nth
+    FROM (SELECT *, CASE WHEN ph = 'B' THEN depth ELSE depth + 1 END AS level FROM spans)
+), last_seen AS (
+    SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events WHERE run_id = run GROUP BY rank
+)
+SELECT b.rank, b.tid, b.name, b.cat, b.ts_ns AS start_ns, coalesce(e.ts_ns, l.last_ns) AS end_ns, b.step,
+       e.ts_ns IS NULL AS unfinished, b.args
+FROM numbered b
+JOIN last_seen l ON l.rank = b.rank
+LEFT JOIN numbered e ON e.ph = 'E' AND e.rank = b.rank AND e.tid = b.tid AND e.level = b.level AND e.nth = b.nth
+WHERE b.ph = 'B';
+
+CREATE OR REPLACE MACRO run_own_intervals(run) AS TABLE
+SELECT rank, tid, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, step, false AS unfinished, args
+FROM trace_events WHERE run_id = run AND ph = 'X' AND dur_ns >= 0
+UNION ALL
+SELECT * FROM run_span_pairs(run);
+
+CREATE OR REPLACE MACRO run_intervals(run) AS TABLE
+SELECT r.rank, r.tid, r.name, r.cat, r.start_ns - coalesce(o.offset_ns, 0) AS start_ns,
+       r.end_ns - coalesce(o.offset_ns, 0) AS end_ns, r.step, r.unfinished, r.args
+FROM run_own_intervals(run) r LEFT JOIN rank_offsets(run) o USING (rank);
+
+CREATE OR REPLACE MACRO run_steps(run) AS TABLE
+WITH markers AS (
+    SELECT rank, step, min(ts_ns) AS start_ns FROM trace_events
+    WHERE run_id = run AND ph = 'i' AND cat = 'step' AND name = 'step' AND step IS NOT NULL GROUP BY ALL
+), step_ends AS (
+    SELECT rank, step, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events
+    WHERE run_id = run AND step IS NOT NULL GROUP BY ALL
+), marked AS (
+    SELECT m.rank, m.step, m.start_ns,
+           coalesce(lead(m.start_ns) OVER (PARTITION BY m.rank ORDER BY m.start_ns), e.last_ns) AS end_ns
+    FROM markers m LEFT JOIN step_ends e USING (rank, step)
+), profiled AS (
+    SELECT rank, TRY_CAST(substr(name, 14) AS BIGINT) AS step, min(ts_ns) AS start_ns,
+           max(ts_ns + dur_ns) AS end_ns
+    FROM trace_events WHERE run_id = run AND ph = 'X' AND name LIKE 'ProfilerStep#%' GROUP BY ALL
+), raw AS (
+    SELECT rank, step, start_ns, end_ns, 'markers' AS source FROM marked WHERE end_ns > start_ns
+    UNION ALL
+    SELECT rank, step, start_ns, end_ns, 'profiler' FROM profiled
+    WHERE step IS NOT NULL AND rank NOT IN (SELECT rank FROM markers)
+)
+SELECT r.rank, r.step, r.start_ns - coalesce(o.offset_ns, 0) AS start_ns, r.end_ns - coalesce(o.offset_ns, 0) AS end_ns,
+       r.source
+FROM raw r LEFT JOIN rank_offsets(run) o USING (rank);
+
+CREATE OR REPLACE MACRO run_fr_calls(run) AS TABLE
+SELECT f.rank, f.pg_name, f.pg_desc, f.collective_seq_id AS seq, f.record_id,
+       split_part(split_part(f.profiling_name, ':', 2), ' ', 1) AS op, f.profiling_name,
+       coalesce(f.is_p2p, false) OR f.profiling_name LIKE '%:send %' OR f.profiling_name LIKE '%:recv %' AS is_p2p,
+       coalesce(nullif(f.time_discovered_started_ns, 0), f.time_created_ns) - coalesce(o.offset_ns, 0) AS start_ns,
+       nullif(f.time_discovered_completed_ns, 0) - coalesce(o.offset_ns, 0) AS end_ns,
+       tensor_bytes(f.input_sizes, f.input_dtypes) AS bytes, f.state
+FROM fr_entries_latest f LEFT JOIN rank_offsets(run) o USING (rank)
+WHERE f.run_id = run;
+
+-- Every span of every run, one row each, on each rank's own clock: X events as they are and
+-- B/E pairs (rankstream.span, record_function) matched per thread the way a trace viewer nests
+-- them. A B whose E never came (the rank died or is still inside it) ends at the rank's last
+-- event and is flagged unfinished. For one run, filter on run_id (or use run_intervals(run),
+-- which is also on the aligned clock).
+CREATE OR REPLACE VIEW spans AS
+WITH marks AS (
+    SELECT run_id, rank, tid, name, cat, ph, ts_ns, step, args,
+           sum(CASE WHEN ph = 'B' THEN 1 ELSE -1 END) OVER (
+               PARTITION BY run_id, rank, tid ORDER BY ts_ns, ph DESC ROWS UNBOUNDED PRECEDING) AS depth
+    FROM trace_events WHERE ph IN ('B', 'E')
+), numbered AS (
+    SELECT *, row_number() OVER (PARTITION BY run_id, rank, tid, level, ph ORDER BY ts_ns) AS nth
+    FROM (SELECT *, CASE WHEN ph = 'B' THEN depth ELSE depth + 1 END AS level FROM marks)
+), last_seen AS (
+    SELECT run_id, rank, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events GROUP BY ALL
+)
+SELECT run_id, rank, step, name, cat, tid, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns, dur_ns,
+       false AS unfinished, args
+FROM trace_events WHERE ph = 'X' AND dur_ns >= 0
+UNION ALL
+SELECT b.run_id, b.rank, b.step, b.name, b.cat, b.tid, b.ts_ns, coalesce(e.ts_ns, l.last_ns),
+       coalesce(e.ts_ns, l.last_ns) - b.ts_ns, e.ts_ns IS NULL, b.args
+FROM numbered b
+JOIN last_seen l USING (run_id, rank)
+LEFT JOIN numbered e ON e.ph = 'E' AND e.run_id = b.run_id AND e.rank = b.rank AND e.tid = b.tid
+     AND e.level = b.level AND e.nth = b.nth
+WHERE b.ph = 'B';
