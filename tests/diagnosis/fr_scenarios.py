@@ -129,6 +129,12 @@ _SITE_FRAMES = {
                   ("finish_grad_sync", "megatron/core/distributed/distributed_data_parallel.py", 300)],
     "dp_zero_rs": [("reduce_scatter_tensor", _C10D, 4540), ("start_grad_sync", "megatron/core/distributed/param_and_grad_buffer.py", 405),
                    ("finish_grad_sync", "megatron/core/distributed/distributed_data_parallel.py", 300)],
+    "dp_bcast": [("broadcast", _C10D, 2836), ("_sync_params", "megatron/core/distributed/distributed_data_parallel.py", 350),
+                 ("finish_grad_sync", "megatron/core/distributed/distributed_data_parallel.py", 300)],
+    "pp_send_grad": [("send", _C10D, 2480), ("_communicate", "megatron/core/pipeline_parallel/p2p_communication.py", 330),
+                     ("send_backward", "megatron/core/pipeline_parallel/p2p_communication.py", 495)],
+    "pp_recv_grad": [("recv", _C10D, 2530), ("_communicate", "megatron/core/pipeline_parallel/p2p_communication.py", 330),
+                     ("recv_backward", "megatron/core/pipeline_parallel/p2p_communication.py", 445)],
     "dp_loss": [("all_reduce", _C10D, 2950), ("average_losses_across_data_parallel_group", "megatron/training/utils.py", 220),
                 ("loss_func", "pretrain_gpt.py", 160)],
     "barrier": [("barrier", _C10D, 4795), ("save_checkpoint_and_time", "megatron/training/training.py", 1180)],
@@ -208,7 +214,7 @@ class _Job:
 
 class _Op:
     __slots__ = ("group", "op", "p2p", "peer", "in_sizes", "in_dtypes", "out_sizes", "out_dtypes",
-                 "dur", "cpu_gap", "gpu_gap", "sync", "site", "step", "tag")
+                 "dur", "cpu_gap", "gpu_gap", "sync", "site", "step", "tag", "sig")
 
     def __init__(self, group, op, in_sizes, in_dtypes, out_sizes, out_dtypes, dur, cpu_gap, gpu_gap, site, step, tag,
                  p2p=None, peer=-1, sync=False):
@@ -216,17 +222,31 @@ class _Op:
         self.in_sizes, self.in_dtypes, self.out_sizes, self.out_dtypes = in_sizes, in_dtypes, out_sizes, out_dtypes
         self.dur, self.cpu_gap, self.gpu_gap, self.sync = dur, cpu_gap, gpu_gap, sync
         self.site, self.step, self.tag = site, step, tag
+        self.sig = None
 
     def copy(self, **changes) -> "_Op":
         new = _Op(self.group, self.op, self.in_sizes, self.in_dtypes, self.out_sizes, self.out_dtypes, self.dur,
                   self.cpu_gap, self.gpu_gap, self.site, self.step, self.tag, self.p2p, self.peer, self.sync)
         for k, v in changes.items():
             setattr(new, k, v)
+        new.sig = None
         return new
 
 
+_PROGRAMS: dict[tuple[str, int], list[_Op]] = {}
+
+
 def _program(job: _Job, r: int) -> list[_Op]:
-    """What rank r issues, in order: Megatron-like GPipe steps with sequence-parallel TP."""
+    """What rank r issues, in order (a fresh list; the ops are shared and must be copied, never
+    changed in place)."""
+    key = (job.layout, r)
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = _build_program(job, r)
+    return list(_PROGRAMS[key])
+
+
+def _build_program(job: _Job, r: int) -> list[_Op]:
+    """Megatron-like GPipe steps with sequence-parallel TP."""
     st = job.stage(r)
     tp, h = job.tp, job.hidden
     shard, full = [SEQ // tp, 1, h], [SEQ, 1, h]
@@ -242,7 +262,7 @@ def _program(job: _Job, r: int) -> list[_Op]:
         return _Op(tpg, "_reduce_scatter_base", [full], bf, [shard], bf, rs_dur, 120_000, gpu_gap, "tp_rs", step, tag)
 
     def p2p(kind, step, tag, group, peer):
-        site = "pp_send" if kind == "send" else "pp_recv"
+        site = ("pp_send" if kind == "send" else "pp_recv") + ("_grad" if "grad" in tag else "")
         return _Op(group, kind, [shard], bf, [shard], bf, 350_000, 80_000, 50_000, site, step, tag, p2p=kind, peer=peer)
 
     per_stage = tp * job.dp
@@ -306,6 +326,12 @@ def _numel(sizes) -> int:
 
 def _signature(op: _Op):
     """What NCCL needs to agree on: collective type and byte count (p2p: bytes only)."""
+    if op.sig is None:
+        op.sig = _compute_signature(op)
+    return op.sig
+
+
+def _compute_signature(op: _Op):
     if op.p2p is not None:
         return ("p2p", _numel(op.in_sizes[0]) * DTYPE_BYTES[op.in_dtypes[0]])
     if op.op == "_reduce_scatter_base":
@@ -314,7 +340,14 @@ def _signature(op: _Op):
 
 
 class _Sim:
-    """Per rank: CPU issue, GPU start and end times of every op (None: never)."""
+    """Per rank: CPU issue, GPU start and end times of every op (None: never).
+
+    NCCL (``blocking=False``): the CPU issues ops back to back and waits only after an op marked
+    ``sync`` (end of step) until that op's GPU work is done; the GPU runs the rank's ops in order,
+    each after its compute gap. gloo (``blocking=True``): every op blocks the CPU. A collective
+    instance (k-th op of a rank in a group; p2p: k-th op of a (src, dst) channel) completes when all
+    members have started it and their ops agree on type and byte count; otherwise it hangs.
+    ``stuck[r] = i``: rank r's op i completes for its peers but never on r (its GPU is stuck)."""
 
     def __init__(self, job: _Job, progs: dict[int, list[_Op]], *, blocking: bool, seed: str,
                  stuck: dict[int, int] | None = None, straggler: dict[int, int] | None = None, noise_ns: int = 0):
@@ -323,41 +356,39 @@ class _Sim:
         stuck = stuck or {}
         straggler = straggler or {}
         rng = random.Random(seed + ":sim")
+        rand = rng.random
         self.t0 = {r: T0 + rng.randint(0, 3 * MS) for r in range(world)}
         self.wd_phase = {r: rng.randint(0, WATCHDOG_NS - 1) for r in range(world)}
-        cpu_gap, gpu_gap = {}, {}
+        dur_scale = 3 if blocking else 1
+        cpu_gap, gpu_gap, keys, sigs, durs = {}, {}, {}, {}, {}
+        sizes = {g: len(ranks) for g, (_, ranks) in job.groups.items()}
         for r in range(world):
-            cg, gg = [], []
+            cg, gg, ks, sg, du = [], [], [], [], []
+            counts: dict = {}
+            extra = straggler.get(r, 0)
             for op in progs[r]:
                 c = op.cpu_gap + (op.gpu_gap if blocking else 0)
-                c = max(5_000, int(c + rng.gauss(0, 20_000)))
+                c = max(5_000, int(c + (rand() - 0.5) * 60_000)) + extra
                 if noise_ns:
-                    c += rng.randint(0, noise_ns)
-                c += straggler.get(r, 0)
+                    c += int(rand() * noise_ns)
                 cg.append(c)
-                gg.append(0 if blocking else max(1_000, int(op.gpu_gap * (1 + rng.gauss(0, 0.02)))))
-            cpu_gap[r], gpu_gap[r] = cg, gg
-        # instance keys
-        keys = {}
-        for r in range(world):
-            counts: dict = {}
-            ks = []
-            for op in progs[r]:
+                gg.append(0 if blocking else max(1_000, int(op.gpu_gap * (0.97 + 0.06 * rand()))))
                 if op.p2p is None:
                     ck = ("c", op.group)
-                    members = len(job.groups[op.group][1])
+                    members = sizes[op.group]
                 else:
-                    src, dst = (r, op.peer) if op.p2p == "send" else (op.peer, r)
-                    ck = ("p", op.group, src, dst)
+                    ck = ("p", op.group, r, op.peer) if op.p2p == "send" else ("p", op.group, op.peer, r)
                     members = 2
-                counts[ck] = counts.get(ck, 0) + 1
-                ks.append((ck + (counts[ck],), members))
-            keys[r] = ks
+                n = counts.get(ck, 0) + 1
+                counts[ck] = n
+                ks.append((ck + (n,), members))
+                sg.append(_signature(op))
+                du.append(op.dur * dur_scale)
+            cpu_gap[r], gpu_gap[r], keys[r], sigs[r], durs[r] = cg, gg, ks, sg, du
         self.keys = keys
         issue = {r: [None] * len(progs[r]) for r in range(world)}
         start = {r: [None] * len(progs[r]) for r in range(world)}
         end = {r: [None] * len(progs[r]) for r in range(world)}
-        dur_scale = 3 if blocking else 1
         inst: dict = {}        # key -> [members needed, {rank: index}, end or None, poisoned]
         n_issued = {r: 0 for r in range(world)}
         n_started = {r: 0 for r in range(world)}
@@ -366,60 +397,61 @@ class _Sim:
         while work:
             r = work.pop()
             queued.discard(r)
-            prog = progs[r]
-            while self._advance(r, prog, progs, keys, issue, start, end, inst, n_issued, n_started, cpu_gap, gpu_gap,
-                                blocking, stuck, dur_scale, work, queued):
-                pass
+            prog, iss, sta, en = progs[r], issue[r], start[r], end[r]
+            cg, gg, ks = cpu_gap[r], gpu_gap[r], keys[r]
+            n = len(prog)
+            moved = True
+            while moved:
+                moved = False
+                i = n_issued[r]
+                while i < n:
+                    if i == 0:
+                        base = self.t0[r]
+                    elif blocking or prog[i - 1].sync:
+                        base = en[i - 1]
+                        if base is None:
+                            break
+                    else:
+                        base = iss[i - 1]
+                    iss[i] = base + cg[i]
+                    i += 1
+                    moved = True
+                n_issued[r] = i
+                j = n_started[r]
+                while j < i:
+                    if j > 0:
+                        prev = en[j - 1]
+                        if prev is None:
+                            break
+                        t = prev + gg[j]
+                        s = iss[j] if iss[j] > t else t
+                    else:
+                        s = iss[j]
+                    sta[j] = s
+                    j += 1
+                    n_started[r] = j
+                    moved = True
+                    key, members = ks[j - 1]
+                    rec = inst.get(key)
+                    if rec is None:
+                        rec = inst[key] = [members, {}, None, False]
+                    got = rec[1]
+                    got[r] = j - 1
+                    if len(got) == members:
+                        if len({sigs[m][idx] for m, idx in got.items()}) != 1:
+                            rec[3] = True
+                            continue
+                        t_end = max(start[m][idx] for m, idx in got.items()) + durs[r][j - 1]
+                        rec[2] = t_end
+                        for m, idx in got.items():
+                            if stuck.get(m) == idx:
+                                continue
+                            end[m][idx] = t_end
+                            if m != r and m not in queued:
+                                work.append(m)
+                                queued.add(m)
         self.issue, self.start, self.end, self.inst = issue, start, end, inst
         self.n_issued = n_issued
-
-    def _advance(self, r, prog, progs, keys, issue, start, end, inst, n_issued, n_started, cpu_gap, gpu_gap,
-                 blocking, stuck, dur_scale, work, queued) -> bool:
-        """Issue and start what rank r can; True if anything moved."""
-        moved = False
-        i = n_issued[r]
-        while i < len(prog):
-            if i == 0:
-                base = self.t0[r]
-            elif blocking or prog[i - 1].sync:
-                if end[r][i - 1] is None:
-                    break
-                base = end[r][i - 1]
-            else:
-                base = issue[r][i - 1]
-            issue[r][i] = base + cpu_gap[r][i]
-            i += 1
-            moved = True
-        n_issued[r] = i
-        j = n_started[r]
-        while j < n_issued[r]:
-            if j > 0 and end[r][j - 1] is None:
-                break
-            s = issue[r][j]
-            if j > 0:
-                s = max(s, end[r][j - 1] + gpu_gap[r][j])
-            start[r][j] = s
-            n_started[r] = j + 1
-            moved = True
-            key, members = keys[r][j]
-            rec = inst.setdefault(key, [members, {}, None, False])
-            rec[1][r] = j
-            if len(rec[1]) == rec[0]:
-                sigs = {_signature(progs[m][idx]) for m, idx in rec[1].items()}
-                if len(sigs) != 1:
-                    rec[3] = True
-                else:
-                    t_end = max(start[m][idx] for m, idx in rec[1].items()) + progs[r][j].dur * dur_scale
-                    rec[2] = t_end
-                    for m, idx in rec[1].items():
-                        if stuck.get(m) == idx:
-                            continue
-                        end[m][idx] = t_end
-                        if m != r and m not in queued:
-                            work.append(m)
-                            queued.add(m)
-            j += 1
-        return moved
 
     def finished(self) -> bool:
         return all(self.end[r][-1] is not None for r in self.progs if self.progs[r])
@@ -458,6 +490,9 @@ def _dump_for_rank(job: _Job, sim: _Sim, r: int, fmt: str, buffer: int, t_dump: 
     thread_id = str(139_800_000_000_000 + 4096 * r)
     entries = []
     record = 0
+    recorded = sum(1 for i, op in enumerate(prog) if sim.issue[r][i] is not None and sim.issue[r][i] <= t_dump
+                   and not (gloo and op.p2p is not None))
+    first_kept = recorded - buffer      # older records fell out of the ring buffer: counted, not built
     for i, op in enumerate(prog):
         t_issue = sim.issue[r][i]
         if t_issue is None or t_issue > t_dump:
@@ -479,6 +514,9 @@ def _dump_for_rank(job: _Job, sim: _Sim, r: int, fmt: str, buffer: int, t_dump: 
                 status[g][2] = coll[g]
         if gloo and op.p2p is not None:
             continue   # gloo does not record send/recv
+        if record < first_kept:
+            record += 1
+            continue
         if gloo:
             name, ins, indt, outs, outdt = _gloo_shape(job, op)
             prof = f"gloo:{name}"
@@ -535,7 +573,7 @@ def _dump_for_rank(job: _Job, sim: _Sim, r: int, fmt: str, buffer: int, t_dump: 
         })
         entries.append(entry)
         record += 1
-    entries = entries[-buffer:]
+    assert len(entries) <= buffer
     if gloo:
         if r % 3 == 0:
             pg_config = {"0": {"name": "0", "desc": "default_pg", "ranks": json.dumps(list(range(job.world)))}}
@@ -619,7 +657,7 @@ def _apply(job: _Job, spec: _Spec) -> tuple[dict[int, list[_Op]], dict[int, int]
         was_sync = progs[r][i].sync
         del progs[r][i]
         if was_sync:
-            progs[r][i - 1].sync = True
+            progs[r][i - 1] = progs[r][i - 1].copy(sync=True)
     stuck = {}
     if spec.stuck:
         r, step, tag = spec.stuck
@@ -740,8 +778,8 @@ def _build(spec: _Spec) -> _Spec:
         spec.culprit = _pick(rng, all_ranks, spec.tag)
         spec.straggler = 20 * MS
         spec.expected = Expected("straggler", (spec.culprit,), None, None,
-                                 f"rank {spec.culprit} creates every op ~20 ms later than its peers (others: ~0.02 ms noise); "
-                                 "every collective completes")
+                                 f"rank {spec.culprit} spends 20 ms more per op (others: ~0.03 ms noise), so it creates every "
+                                 "collective late and its peers wait for it (those lag less); every collective completes")
         return spec
 
     if f in ("skipped_collective", "cross_group_hang") and pos == "inflight":
@@ -761,8 +799,8 @@ def _build(spec: _Spec) -> _Spec:
             note = (f"rank {c} skipped {gk} #{seq} (last {gk} op of step {step}) and went on: its #{seq} is the next "
                     f"step's broadcast, created after its step-{step} dp all-reduces completed; peers wait in the skipped op")
         elif f == "cross_group_hang":
-            note = (f"root: rank {c} never issued {gk} #{seq}; its {gk} peers wait there, their dp/default peers wait "
-                    f"for them in other groups; rank {c} itself waits in the default-group barrier")
+            note = (f"root: rank {c} never issued {gk} #{seq}; its {gk} peers wait there, the ranks sharing their other "
+                    f"groups wait for them there; rank {c} itself waits in the default-group barrier")
         else:
             note = (f"rank {c} never issued {gk} #{seq} (last {gk} op before the step-{step} barrier) and waits in the "
                     f"barrier; its {gk} peers wait in #{seq}")
@@ -838,7 +876,7 @@ def _build(spec: _Spec) -> _Spec:
             tag = rng.choice(["f0.0.ag1", "f1.0.ag2", "b0.0.ag1"])
             if f == "type_mismatch":
                 changes = dict(op="all_reduce", in_sizes=[[SEQ, 1, h]], out_sizes=[[SEQ, 1, h]], site="tp_ar_nosp")
-                what = "all_reduce of the full activation (sequence parallel off) where its peers all-gather"
+                what = "issues an all_reduce of the full activation (sequence parallel off) where its peers all-gather"
             elif f == "size_mismatch" and pos == "inflight":
                 changes = dict(in_sizes=[[SEQ // 2 // tp, 1, h]], out_sizes=[[SEQ // 2, 1, h]])
                 what = f"all-gathers a half-length sequence ([{SEQ // 2 // tp}, 1, {h}] -> [{SEQ // 2}, 1, {h}])"
@@ -855,7 +893,12 @@ def _build(spec: _Spec) -> _Spec:
             tag = rng.choice(["bucket0", "bucket1"])
             if job.pp > 1 and job.stage(c) == job.pp - 1 and tag == "bucket1":
                 tag = "bucket0"
-            if f == "type_mismatch":
+            if f == "type_mismatch" and spec.fmt == "gloo":
+                # gloo records reduce_scatter_tensor as an all_reduce of the whole input (and it
+                # would match), so on gloo the wrong op is a broadcast of the bucket
+                changes = dict(op="broadcast", site="dp_bcast")
+                what = "broadcasts the gradient bucket (a parameter-sync code path) where its peers all-reduce it"
+            elif f == "type_mismatch":
                 changes = dict(op="_reduce_scatter_base", out_sizes=[[BUCKET_NUMEL // job.dp]], site="dp_zero_rs")
                 what = "reduce-scatters the gradient bucket (ZeRO on) where its peers all-reduce it"
             elif f == "size_mismatch":
@@ -1094,11 +1137,13 @@ _ORDER: list[str] = []
 
 def _specs() -> dict[str, _Spec]:
     if not _CACHE:
+        built: dict[str, _Spec] = {}
         for spec in _matrix():
             _build(spec)
-            assert spec.name not in _CACHE, spec.name
-            _CACHE[spec.name] = spec
-            _ORDER.append(spec.name)
+            assert spec.name not in built, spec.name
+            built[spec.name] = spec
+        _ORDER[:] = list(built)
+        _CACHE.update(built)
     return _CACHE
 
 

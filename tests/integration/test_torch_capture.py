@@ -57,7 +57,7 @@ def test_every_rank_streams_events_and_fr_entries_matching_torchs_dump(live, tmp
         steps = database.fetchall("SELECT min(step), max(step) FROM trace_events WHERE run_id = ? AND rank = ? "
                                   "AND name = 'step'", [spec.run_id, rank])
         assert steps == [(0, spec.steps - 1)]
-        dump = read_dump((tmp_path / f"rank{rank}.fr").read_bytes())
+        dump = parse_dump((tmp_path / f"rank{rank}.fr").read_bytes(), "dump")
         expected = sorted((e["record_id"], e["profiling_name"], e["collective_seq_id"], e["pg_name"], e["pg_desc"])
                           for e in map(entry_from_dump, dump["entries"]))
         stored = sorted(database.fetchall(

@@ -1,0 +1,91 @@
+"""Collective calls: one row per (rank, group, sequence number), the unit the ranks must agree on.
+
+Most entries are one call each. A coalesced group (several entries sharing one sequence number,
+closed by a ``coalesced`` entry) is one call whose op, shapes and dtypes are its members' in order,
+so a rank that coalesced other ops disagrees with its peers like any other call. Point-to-point
+entries are not calls (``p2p`` pairs them instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankstream.flows.diagnosis.entries import Entries
+
+__all__ = ["Calls", "collective_calls"]
+
+
+@dataclass
+class Calls:
+    """Sorted by (group, seq, rank). ``value`` encodes (op, shape, dtype) as one integer so that
+    "the ranks agree" is one comparison; ``op``/``shape``/``dtype`` say what differs."""
+
+    group: np.ndarray
+    seq: np.ndarray
+    rank: np.ndarray
+    op: np.ndarray
+    shape: np.ndarray
+    dtype: np.ndarray
+    value: np.ndarray
+    state: np.ndarray
+    created: np.ndarray
+    started: np.ndarray
+    completed: np.ndarray
+    record: np.ndarray
+    #: How ``value`` packs the codes: ``(op * shape_base + shape) * dtype_base + dtype``.
+    shape_base: int = 1
+    dtype_base: int = 1
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def unpack(self, value: int) -> tuple[int, int, int]:
+        """``value`` as (op, shape, dtype) codes."""
+        rest, dtype = divmod(int(value), self.dtype_base)
+        op, shape = divmod(rest, self.shape_base)
+        return op, shape, dtype
+
+
+def collective_calls(entries: Entries) -> Calls:
+    keep = ~entries.is_p2p & (entries.seq > 0)
+    part = entries.take(np.flatnonzero(keep))
+    order = np.lexsort((part.record, part.rank, part.seq, part.group))
+    part = part.take(order)
+    group, seq, rank = part.group, part.seq, part.rank
+    first = np.ones(len(part), dtype=bool)
+    first[1:] = (group[1:] != group[:-1]) | (seq[1:] != seq[:-1]) | (rank[1:] != rank[:-1])
+    starts = np.flatnonzero(first)
+    op, shape, dtype = part.op.copy(), part.shape.copy(), part.dtype.copy()
+    if len(starts) < len(part):  # coalesced: several entries per call
+        op, shape, dtype = _coalesce(part, starts)
+    else:
+        op, shape, dtype = op[starts], shape[starts], dtype[starts]
+    vocab = part.vocabulary
+    shape_base, dtype_base = len(vocab.shapes) + 1, len(vocab.dtypes) + 1
+    value = (op.astype(np.int64) * shape_base + shape) * dtype_base + dtype
+    return Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
+                 value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
+                 created=part.created[starts],
+                 started=part.started[starts],
+                 completed=np.maximum.reduceat(part.completed, starts) if len(part) else part.completed,
+                 record=part.record[starts], shape_base=shape_base, dtype_base=dtype_base)
+
+
+def _coalesce(part: Entries, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per call: its one entry's codes, or for a coalesced call new codes naming its members."""
+    vocab = part.vocabulary
+    ends = np.append(starts[1:], len(part))
+    ops, shapes, dtypes = [], [], []
+    for begin, end in zip(starts.tolist(), ends.tolist()):
+        if end - begin == 1:
+            ops.append(vocab.ops[part.op[begin]])
+            shapes.append(vocab.shapes[part.shape[begin]])
+            dtypes.append(vocab.dtypes[part.dtype[begin]])
+            continue
+        members = [i for i in range(begin, end) if vocab.ops[part.op[i]] != "coalesced"]
+        ops.append("coalesced(" + ",".join(vocab.ops[part.op[i]] for i in members) + ")")
+        shapes.append("[" + ",".join(vocab.shapes[part.shape[i]] for i in members) + "]")
+        dtypes.append("[" + ",".join(vocab.dtypes[part.dtype[i]] for i in members) + "]")
+    return vocab.codes("ops", ops), vocab.codes("shapes", shapes), vocab.codes("dtypes", dtypes)

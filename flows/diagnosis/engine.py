@@ -1,0 +1,264 @@
+"""The diagnosis: every rank's Flight Recorder entries in, findings out, the root cause first.
+
+The one engine behind ``rankstream diagnose DIR``, ``rankstream analyze collectives`` and the live
+hang watch. In order:
+
+1. collectives are matched per group and sequence number (``matching``); each group's first
+   disagreement gets its culprits from a majority or, failing one, from evidence (``evidence``);
+2. unfinished send/recv are paired (``p2p``);
+3. the wait-for graph is built from where each rank is blocked (``waits``): its sinks, its cycles,
+   and the positions at which a rank is stuck;
+4. every candidate becomes a finding, and the one that explains the most blocked ranks is the root
+   cause; the others that it explains are listed as its consequences;
+5. only when nothing else is wrong, stragglers (``stragglers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rankstream.flows.diagnosis.calls import Calls, collective_calls
+from rankstream.flows.diagnosis.entries import Entries
+from rankstream.flows.diagnosis.evidence import decide, siblings_of
+from rankstream.flows.diagnosis.findings import KINDS, Finding, verdict_of
+from rankstream.flows.diagnosis.groups import Group, find_groups
+from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
+from rankstream.flows.diagnosis.p2p import unmatched_p2p
+from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
+from rankstream.flows.diagnosis.stragglers import find_stragglers
+from rankstream.flows.diagnosis.waits import Position, WaitGraph, build_wait_graph, waiting_positions
+
+__all__ = ["Diagnosis", "diagnose"]
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding]
+    ranks: list[int]
+    world: int
+    #: Ranks that are members of some group but left no data.
+    missing: list[int]
+    groups: dict[int, Group] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return verdict_of(self.findings)
+
+    @property
+    def root(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+
+class _Run:
+    """What the steps share: the entries, their calls, the groups and how to describe a call."""
+
+    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int]) -> None:
+        self.entries = entries
+        self.groups, self.world = find_groups(entries, listed, dumped)
+        self.dumped = set(dumped)
+        self.calls: Calls = collective_calls(entries)
+        self.sequences: dict[int, GroupSequences] = split_by_group(self.calls, self.groups)
+        self.stateless = _stateless_ranks(entries)
+
+    def describe(self, value: int | None) -> dict | None:
+        if value is None:
+            return None
+        op, shape, dtype = self.calls.unpack(value)
+        vocab = self.entries.vocabulary
+        return {"op": vocab.ops[op], "shape": vocab.shapes[shape], "dtype": vocab.dtypes[dtype]}
+
+    def group(self, code: int) -> Group:
+        return self.groups[code]
+
+
+def _stateless_ranks(entries: Entries) -> set[int]:
+    """Ranks whose entries never say whether they finished (gloo: all 'scheduled', no times)."""
+    progressed = np.unique(entries.rank[(entries.state > 0) | (entries.completed > 0)])
+    return set(np.unique(entries.rank).tolist()) - set(progressed.tolist())
+
+
+def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int],
+             clock_error_ns: int = 0) -> Diagnosis:
+    """Findings for one run (see the module docstring). ``listed``: group name -> the ranks the
+    dumps list; ``dumped``: the ranks that left data."""
+    run = _Run(entries, listed, dumped)
+    disagreements = _judged_disagreements(run)
+    graph = _wait_graph(run)
+    findings = _mismatch_findings(run, disagreements, graph) + _wait_findings(run, graph, disagreements)
+    findings += _state_findings(run, disagreements)
+    if not findings:
+        members = {code: len(group.members) for code, group in run.groups.items()}
+        findings = [_straggler_finding(s, run) for s in find_stragglers(run.calls, members,
+                                                                         clock_error_ns=clock_error_ns)]
+    ordered = _rooted(findings)
+    members = {m for g in run.groups.values() for m in g.members}
+    return Diagnosis(ordered, sorted(run.dumped), run.world, sorted(members - run.dumped), run.groups)
+
+
+# -- 1. matching ------------------------------------------------------------------------------------
+def _judged_disagreements(run: _Run) -> list[Disagreement]:
+    found = first_disagreements(run.calls, run.sequences)
+    for d in found:  # majorities first: their culprits are evidence for the ties
+        decide(d, run.sequences[d.group.code], [], set(), run.describe) if _has_majority(d) else None
+    suspects = {rank for d in found if d.culprits for rank in d.culprits}
+    for d in found:
+        seqs = run.sequences[d.group.code]
+        if not d.culprits and d.undecided is None:
+            decide(d, seqs, siblings_of(seqs, run.sequences), suspects, run.describe)
+        classify(d, seqs, run.describe)
+    return found
+
+
+def _has_majority(d: Disagreement) -> bool:
+    counts = {}
+    for value in d.values.values():
+        counts[value] = counts.get(value, 0) + 1
+    return max(counts.values()) * 2 > len(d.values)
+
+
+def _mismatch_findings(run: _Run, disagreements: list[Disagreement], graph: WaitGraph) -> list[Finding]:
+    findings = []
+    for d in disagreements:
+        pending = {p.rank for p in graph.waiting if p.group == d.group.code and p.seq == d.seq}
+        culprit_value = d.values[d.culprits[0]] if d.culprits else None
+        actual = run.describe(culprit_value) if d.culprits else {str(r): run.describe(v) for r, v in d.values.items()}
+        waiting = sorted((pending - set(d.culprits)) | graph.upstream(set(d.values)) - set(d.culprits))
+        findings.append(Finding(
+            kind=d.kind, culprit_ranks=d.culprits, group=d.group.name, group_desc=d.group.desc, seq=d.seq,
+            expected=run.describe(d.expected), actual=actual, waiting_ranks=waiting, evidence=d.evidence,
+            culprit_reason=d.undecided, in_flight=bool(pending)))
+    return findings
+
+
+# -- 2-3. p2p pairing and the wait-for graph --------------------------------------------------------
+def _wait_graph(run: _Run) -> WaitGraph:
+    graph = build_wait_graph(waiting_positions(run.calls, run.stateless), run.sequences, run.dumped,
+                             run.stateless)
+    for gap in unmatched_p2p(run.entries):
+        position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
+        graph.waiting.append(position)
+        graph.edges.setdefault(gap.waiter, {})[gap.peer] = position
+    return graph
+
+
+def _wait_findings(run: _Run, graph: WaitGraph, disagreements: list[Disagreement]) -> list[Finding]:
+    findings = []
+    disputed = {(p.group, p.seq) for p in graph.disputed}
+    explained = {rank for d in disagreements if (d.group.code, d.seq) in disputed for rank in d.values}
+    for position in graph.stuck:
+        findings.append(_stuck(run, graph, position))
+    stuck_ranks = {p.rank for p in graph.stuck}
+    for sink in graph.sinks():
+        if sink in explained or sink in stuck_ranks:
+            continue  # the mismatch or the stuck collective it is in is the finding
+        findings.append(_sink(run, graph, sink))
+    reaching_sinks = graph.upstream(set(graph.sinks()) | explained | stuck_ranks)
+    for cycle in graph.cycles():
+        if set(cycle) & reaching_sinks:
+            continue
+        where = [graph.edges[rank][next(iter(graph.edges[rank]))] for rank in cycle]
+        findings.append(Finding(
+            kind="deadlock", culprit_ranks=cycle, group=run.group(where[0].group).name,
+            group_desc=run.group(where[0].group).desc, seq=where[0].seq if where[0].seq > 0 else None,
+            waiting_ranks=sorted(graph.upstream(set(cycle))), in_flight=True,
+            evidence=[f"rank {p.rank} waits in {_where(run, p)} for rank(s) {sorted(graph.edges[p.rank])}"
+                      for p in where]))
+    return findings
+
+
+def _where(run: _Run, position: Position) -> str:
+    group = run.group(position.group).label
+    return f"p2p #{-position.seq} of {group}" if position.seq < 0 else f"#{position.seq} of {group}"
+
+
+def _stuck(run: _Run, graph: WaitGraph, position: Position) -> Finding:
+    seqs = run.sequences[position.group]
+    value = seqs.values_at(position.seq)[position.rank]
+    return Finding(
+        kind="stuck_in_collective", culprit_ranks=[position.rank], group=seqs.group.name,
+        group_desc=seqs.group.desc, seq=position.seq, expected=run.describe(value), actual=run.describe(value),
+        waiting_ranks=sorted(graph.upstream({position.rank})), in_flight=True,
+        evidence=[f"every other member of {seqs.group.label} completed #{position.seq}; rank {position.rank}'s "
+                  f"entry is still {'started' if seqs.states_at(position.seq)[position.rank] else 'scheduled'}"])
+
+
+def _sink(run: _Run, graph: WaitGraph, sink: int) -> Finding:
+    """A rank others wait for that waits for nobody: it never issued what they wait in."""
+    waits = sorted((p for waiter, targets in graph.edges.items() for target, p in targets.items() if target == sink),
+                   key=lambda p: (p.seq < 0, p.seq, p.group))
+    where = waits[0]
+    group = run.group(where.group)
+    waiting = sorted(graph.upstream({sink}))
+    if where.seq < 0:
+        gap = next(g for g in unmatched_p2p(run.entries) if g.waiter == where.rank and g.peer == sink)
+        kind = "missing_dump" if sink not in run.dumped else "p2p_unmatched"
+        return Finding(kind=kind, culprit_ranks=[sink], group=group.name, group_desc=group.desc, seq=-where.seq,
+                       expected={"op": "recv" if gap.op == "send" else "send", "from" if gap.op == "send" else "to":
+                                 gap.waiter}, actual=None, waiting_ranks=waiting, in_flight=True,
+                       evidence=[f"rank {gap.waiter}'s {gap.op} (p2p #{gap.p2p_seq} of {group.label}) has no "
+                                 f"counterpart posted by rank {sink}"])
+    seqs = run.sequences[where.group]
+    values = seqs.values_at(where.seq)
+    expected = max(set(values.values()), key=list(values.values()).count) if values else None
+    last = seqs.last_seq().get(sink)
+    if sink not in run.dumped:
+        evidence = [f"rank {sink} left no dump; ranks {waiting} wait for it in {_where(run, where)}"]
+        return Finding(kind="missing_dump", culprit_ranks=[sink], group=group.name, group_desc=group.desc,
+                       seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
+                       evidence=evidence)
+    evidence = [f"rank {sink}'s last call in {group.label} is " + (f"#{last}" if last is not None else "none") +
+                f"; {len(waiting)} rank(s) wait in #{where.seq}", "rank %d waits for nobody" % sink]
+    return Finding(kind="skipped_collective", culprit_ranks=[sink], group=group.name, group_desc=group.desc,
+                   seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
+                   evidence=evidence)
+
+
+# -- ranks that disagree on whether a collective completed ------------------------------------------
+def _state_findings(run: _Run, disagreements: list[Disagreement]) -> list[Finding]:
+    derailed = {(d.group.code, rank) for d in disagreements for rank in d.values}
+    findings = []
+    for code, seqs in run.sequences.items():
+        last = seqs.last_seq()
+        for seq in _candidate_seqs(run.calls, code):
+            states = seqs.states_at(seq)
+            moved_on = sorted(r for r, s in states.items() if s < 2 and last.get(r, seq) > seq
+                              and (code, r) not in derailed and r not in run.stateless)
+            if moved_on and any(s >= 2 for s in states.values()):
+                findings.append(Finding(
+                    kind="state_mismatch", culprit_ranks=moved_on, group=seqs.group.name, group_desc=seqs.group.desc,
+                    seq=seq, expected="completed", actual={str(r): ("scheduled", "started", "completed")[s]
+                                                           for r, s in states.items()},
+                    evidence=[f"rank(s) {moved_on} went on to later collectives of {seqs.group.label} without "
+                              f"completing #{seq}, which their peers completed"]))
+                break
+    return findings
+
+
+def _candidate_seqs(calls: Calls, code: int) -> list[int]:
+    rows = np.flatnonzero((calls.group == code) & (calls.state < 2))
+    return sorted(set(calls.seq[rows].tolist()))[:64]
+
+
+def _straggler_finding(straggler, run: _Run) -> Finding:
+    return Finding(kind="straggler", culprit_ranks=[straggler.rank], evidence=[
+        f"arrives {straggler.median_lateness_ns / 1e6:.1f} ms after its peers' median (threshold "
+        f"{straggler.threshold_ns / 1e6:.1f} ms: the floor, the other ranks' noise and the clock error) in "
+        f"{straggler.collectives} collectives, last in {straggler.last_share:.0%}, from {straggler.source}"])
+
+
+# -- 4. the root cause first -------------------------------------------------------------------------
+def _rooted(findings: list[Finding]) -> list[Finding]:
+    """The finding that explains the most blocked ranks first (then the most specific kind, then the
+    oldest); the findings whose culprits it blocks become its consequences."""
+    order = {kind: i for i, kind in enumerate(KINDS)}
+    findings = sorted(findings, key=lambda f: (-len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
+                                               f.seq if f.seq is not None else 0))
+    if not findings:
+        return findings
+    root, rest = findings[0], findings[1:]
+    blocked = set(root.waiting_ranks) | set(root.culprit_ranks)
+    consequences = [f for f in rest if f.culprit_ranks and set(f.culprit_ranks) <= blocked]
+    root.explains = [f.headline() for f in consequences]
+    return [root] + [f for f in rest if f not in consequences] + consequences

@@ -1,0 +1,181 @@
+"""Flight Recorder entries as columns: what the diagnosis reads, and nothing else.
+
+One row per entry, numpy arrays, text fields dictionary-encoded (an op, a shape or a group name is
+a small integer), so matching a million entries is array work. Two sources fill it: a rank's raw
+dump entries (``from_dump_entries``, in the dump loader's worker processes) and the stored
+``fr_entries`` rows (``from_arrow``, for a run in the database, live or imported). The fields are
+torch's, translated the way ``producers.fr_reader`` translates them for the bus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op"]
+
+#: Entry states in progress order; a missing or unknown state counts as scheduled.
+STATES = ("scheduled", "started", "completed")
+_STATE_CODE = {name: code for code, name in enumerate(STATES)}
+
+#: Collectives whose members legitimately pass different sizes (uneven splits, a root that alone
+#: gathers or scatters): their shapes are not compared.
+UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter"})
+UNEVEN = "(sizes differ by design)"
+
+_COLUMNS = ("rank", "group", "seq", "p2p_seq", "is_p2p", "op", "peer", "shape", "dtype", "state", "created",
+            "started", "completed", "record")
+
+
+def parse_op(profiling_name: str) -> tuple[str, int, int]:
+    """``nccl:all_reduce`` -> ("all_reduce", -1, -1); ``nccl:send 0->1`` -> ("send", 0, 1) and
+    ``nccl:recv 1<-0`` -> ("recv", 0, 1): (op, group-local source, group-local destination)."""
+    name = profiling_name.split(":", 1)[-1]
+    op, _, meta = name.partition(" ")
+    try:
+        if op == "send" and "->" in meta:
+            src, dst = meta.split("->")
+            return op, int(src), int(dst)
+        if op == "recv" and "<-" in meta:
+            dst, src = meta.split("<-")
+            return op, int(src), int(dst)
+    except ValueError:
+        pass
+    return op, -1, -1
+
+
+@dataclass
+class Vocabulary:
+    """Dictionary encodings shared by every rank's columns: text -> code, and back."""
+
+    groups: list[tuple[str, str | None]] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+
+    def codes(self, kind: str, values: Iterable) -> np.ndarray:
+        table: list = getattr(self, kind)
+        index = getattr(self, f"_{kind}_index", None)
+        if index is None:
+            index = {value: code for code, value in enumerate(table)}
+            setattr(self, f"_{kind}_index", index)
+        out = []
+        for value in values:
+            code = index.get(value)
+            if code is None:
+                code = index[value] = len(table)
+                table.append(value)
+            out.append(code)
+        return np.asarray(out, dtype=np.int32)
+
+
+@dataclass
+class Entries:
+    """Columns of every entry (see the module docstring); ``peer`` is the p2p peer's global rank
+    (-1 for collectives), times are 0 when unknown."""
+
+    rank: np.ndarray
+    group: np.ndarray
+    seq: np.ndarray
+    p2p_seq: np.ndarray
+    is_p2p: np.ndarray
+    op: np.ndarray
+    peer: np.ndarray
+    shape: np.ndarray
+    dtype: np.ndarray
+    state: np.ndarray
+    created: np.ndarray
+    started: np.ndarray
+    completed: np.ndarray
+    record: np.ndarray
+    vocabulary: Vocabulary
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def take(self, rows: np.ndarray) -> "Entries":
+        return Entries(**{name: getattr(self, name)[rows] for name in _COLUMNS}, vocabulary=self.vocabulary)
+
+
+#: The fields read from each raw entry, in one C-level lookup per entry.
+_FIELDS = ("process_group", "collective_seq_id", "p2p_seq_id", "profiling_name", "input_sizes", "output_sizes",
+           "input_dtypes", "output_dtypes", "state", "time_created_ns", "time_discovered_started_ns",
+           "time_discovered_completed_ns", "record_id")
+_GET_ALL = itemgetter(*_FIELDS)
+
+
+def _lenient(entry: Any) -> tuple:
+    if not isinstance(entry, dict):
+        raise ValueError(f"an FR entry must be a map, got {type(entry).__name__}")
+    return tuple(entry.get(name) for name in _FIELDS)
+
+
+def _ints(values: Sequence, what: str) -> np.ndarray:
+    try:
+        return np.array([0 if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"an entry's {what} is not a 64-bit integer") from None
+
+
+def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
+                      vocabulary: Vocabulary) -> Entries:
+    """One rank's raw dump entries as columns. ``members`` maps a group name to its sorted global
+    ranks (to turn a p2p op's group-local peer into a global rank). Raises ValueError naming the
+    field when an entry does not follow the dump layout."""
+    try:
+        rows = list(map(_GET_ALL, entries))
+    except (KeyError, TypeError):  # a dump that omits fields (older torch, hand-made): field by field
+        rows = list(map(_lenient, entries))
+    n = len(rows)
+    (groups, seqs, p2p_seqs, names, in_sizes, out_sizes, in_dtypes, out_dtypes, states, created, started,
+     completed, records) = zip(*rows) if n else ((),) * len(_FIELDS)
+    group_keys = [(str(g[0]), None if len(g) < 2 or g[1] is None else str(g[1])) if isinstance(g, (list, tuple)) and g
+                  else ("", None) for g in groups]
+    if any(not isinstance(name, str) for name in names):
+        raise ValueError("an entry has no profiling_name")
+    parsed = [parse_op(name) for name in names]
+    is_p2p = np.array([op in ("send", "recv") for op, _, _ in parsed], dtype=bool)
+    peer = np.full(n, -1, dtype=np.int32)
+    for i in np.flatnonzero(is_p2p):
+        op, src, dst = parsed[i]
+        ranks = members.get(group_keys[i][0]) or []
+        local = dst if op == "send" else src
+        peer[i] = ranks[local] if 0 <= local < len(ranks) else local
+    return Entries(
+        rank=np.full(n, rank, dtype=np.int32),
+        group=vocabulary.codes("groups", group_keys),
+        seq=_ints(seqs, "collective_seq_id"), p2p_seq=_ints(p2p_seqs, "p2p_seq_id"),
+        is_p2p=is_p2p,
+        op=vocabulary.codes("ops", [op for op, _, _ in parsed]),
+        peer=peer,
+        shape=vocabulary.codes("shapes", [UNEVEN if op in UNEVEN_OPS else repr(sizes)
+                                          for (op, _, _), sizes in zip(parsed, zip(in_sizes, out_sizes))]),
+        dtype=vocabulary.codes("dtypes", map(repr, zip(in_dtypes, out_dtypes))),
+        state=np.array([_STATE_CODE.get(s, 0) for s in states], dtype=np.int8),
+        created=_ints(created, "time_created_ns"), started=_ints(started, "time_discovered_started_ns"),
+        completed=_ints(completed, "time_discovered_completed_ns"),
+        record=_ints(records, "record_id"),
+        vocabulary=vocabulary,
+    )
+
+
+def concatenate(parts: list[Entries], vocabulary: Vocabulary) -> Entries:
+    """Parts that share ``vocabulary`` as one table."""
+    if not parts:
+        empty = {name: np.zeros(0, dtype=np.int64) for name in _COLUMNS}
+        empty["is_p2p"] = np.zeros(0, dtype=bool)
+        return Entries(**empty, vocabulary=vocabulary)
+    return Entries(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in _COLUMNS},
+                   vocabulary=vocabulary)
+
+
+def recoded(part: Entries, vocabulary: Vocabulary) -> Entries:
+    """``part`` (with its own vocabulary, as a worker process built it) in ``vocabulary``'s codes."""
+    columns = {name: getattr(part, name) for name in _COLUMNS}
+    for column, kind in (("group", "groups"), ("op", "ops"), ("shape", "shapes"), ("dtype", "dtypes")):
+        mapping = vocabulary.codes(kind, getattr(part.vocabulary, kind))
+        columns[column] = mapping[columns[column]] if len(mapping) else columns[column]
+    return Entries(**columns, vocabulary=vocabulary)

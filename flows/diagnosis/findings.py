@@ -1,0 +1,117 @@
+"""What the collective diagnosis reports: one vocabulary of faults, and the finding that carries one.
+
+The same names are used live (the hang watch), offline (``rankstream diagnose``, ``analyze
+collectives``), in JSON and in the docs. A finding names its culprits, or says why it cannot
+(``culprit_reason``), and the evidence that decided it; the root cause comes first and lists the
+symptoms it explains (ranks waiting for it, later mismatches it caused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "KINDS", "MISMATCH_KINDS", "WAIT_KINDS", "verdict_of"]
+
+#: Every fault the diagnosis can name, most specific first (the order breaks ties between findings).
+KINDS = (
+    "deadlock",             # ranks wait for each other in a cycle across groups
+    "stuck_in_collective",  # a rank is still in collective #N that every peer completed
+    "skipped_collective",   # a rank never issued collective #N that its peers issued
+    "extra_collective",     # a rank issued a collective its peers never issued
+    "type_mismatch",        # at #N the ranks issued different collectives
+    "size_mismatch",        # same collective, different tensor sizes
+    "dtype_mismatch",       # same collective, different dtypes
+    "missing_dump",         # a rank left no Flight Recorder dump, and its peers wait for it
+    "dead_rank",            # live: a rank's heartbeats stopped while its peers' go on
+    "p2p_unmatched",        # a send without its receive (or the reverse) between two ranks
+    "state_mismatch",       # ranks disagree on whether #N completed
+    "straggler",            # a rank arrives last at its collectives, beyond the run's noise
+)
+MISMATCH_KINDS = frozenset({"extra_collective", "type_mismatch", "size_mismatch", "dtype_mismatch",
+                            "state_mismatch"})
+WAIT_KINDS = frozenset({"deadlock", "stuck_in_collective", "skipped_collective", "missing_dump", "dead_rank",
+                        "p2p_unmatched"})
+
+
+@dataclass
+class Finding:
+    kind: str
+    #: The ranks at fault; empty only when ``culprit_reason`` says why (a tie the evidence cannot break).
+    culprit_ranks: list[int]
+    group: str | None = None
+    group_desc: str | None = None
+    #: collective_seq_id, or p2p_seq_id for p2p_unmatched.
+    seq: int | None = None
+    #: What the group did at ``seq`` and what the culprits did (op, sizes, dtypes, state).
+    expected: Any = None
+    actual: Any = None
+    #: Ranks blocked because of this finding (waiting in a collective that cannot complete).
+    waiting_ranks: list[int] = field(default_factory=list)
+    #: One line each: what decided the culprit.
+    evidence: list[str] = field(default_factory=list)
+    #: Summaries of the findings this one explains (consequences), root cause first only.
+    explains: list[str] = field(default_factory=list)
+    culprit_reason: str | None = None
+    #: The culprit's Python stack at that entry, innermost first, where the Flight Recorder kept one.
+    stack: list[dict] = field(default_factory=list)
+    #: Whether the collective never completed (the hang point), as opposed to an older entry.
+    in_flight: bool = False
+
+    def headline(self) -> str:
+        """One line: who did what where, and who it blocks."""
+        where = f"in group {describe_group(self.group, self.group_desc)}" if self.group is not None else ""
+        what = _WHAT[self.kind](self)
+        who = (f"rank {self.culprit_ranks[0]}" if len(self.culprit_ranks) == 1 else
+               f"ranks {', '.join(map(str, self.culprit_ranks))}" if self.culprit_ranks else
+               self.culprit_reason or "no culprit")
+        tail = f"; {len(self.waiting_ranks)} rank{'s' if len(self.waiting_ranks) != 1 else ''} wait for it" \
+            if self.waiting_ranks else ""
+        return " ".join(part for part in (who, what, where) if part) + tail
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "culprit_ranks": self.culprit_ranks, "group": self.group,
+                "group_desc": self.group_desc, "seq": self.seq, "expected": self.expected, "actual": self.actual,
+                "waiting_ranks": self.waiting_ranks, "in_flight": self.in_flight, "evidence": self.evidence,
+                "explains": self.explains, "culprit_reason": self.culprit_reason, "stack": self.stack,
+                "headline": self.headline()}
+
+
+def describe_group(name: str | None, desc: str | None) -> str:
+    return f"{desc} (pg {name})" if desc and desc != name else f"pg {name}"
+
+
+def _op(value: Any) -> str:
+    return value.get("op", "?") if isinstance(value, dict) else str(value)
+
+
+def _numbered(finding: Finding, value: Any) -> str:
+    return f"{_op(value)} #{finding.seq}" if finding.seq is not None else _op(value)
+
+
+_WHAT = {
+    "deadlock": lambda f: "wait for each other (deadlock)",
+    "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
+    "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",
+    "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
+    "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",
+    "size_mismatch": lambda f: f"used other tensor sizes in {_numbered(f, f.expected)}",
+    "dtype_mismatch": lambda f: f"used another dtype in {_numbered(f, f.expected)}",
+    "missing_dump": lambda f: f"left no dump; its peers wait in {_numbered(f, f.expected)}",
+    "dead_rank": lambda f: "stopped sending heartbeats",
+    "p2p_unmatched": lambda f: f"never posted its side of {_op(f.expected)} (p2p #{f.seq})",
+    "state_mismatch": lambda f: f"went on without completing {_numbered(f, f.expected)}, which its peers completed",
+    "straggler": lambda f: "arrives last at its collectives",
+}
+
+
+def verdict_of(findings: list[Finding]) -> str:
+    """healthy, hang (ranks are blocked), desync (ranks disagree but none is blocked) or straggler."""
+    if not findings:
+        return "healthy"
+    root = findings[0]
+    if root.kind == "straggler":
+        return "straggler"
+    if root.waiting_ranks or root.in_flight or root.kind in ("deadlock", "dead_rank", "stuck_in_collective"):
+        return "hang"
+    return "desync"

@@ -1,0 +1,136 @@
+"""One group's calls seen as sequences: each rank's, and the group's consensus.
+
+Training repeats itself: a group's calls follow a period (the collectives of one step, or of one
+layer). The period learned from the calls everyone agreed on predicts what the group would have
+issued next, which is how a rank that skipped a collective at the newest (still running) call is
+told from one that issued a wrong one, with nothing after it to compare.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cached_property
+
+import numpy as np
+
+from rankstream.flows.diagnosis.calls import Calls
+from rankstream.flows.diagnosis.groups import Group
+
+__all__ = ["GroupSequences", "split_by_group"]
+
+#: The longest period looked for, in calls.
+_MAX_PERIOD = 96
+
+
+class GroupSequences:
+    """The calls of one group: ``calls`` rows ``[lo, hi)`` (sorted by seq, then rank)."""
+
+    def __init__(self, group: Group, calls: Calls, lo: int, hi: int) -> None:
+        self.group = group
+        self._seq = calls.seq[lo:hi]
+        self._rank = calls.rank[lo:hi]
+        self._value = calls.value[lo:hi]
+        self._op = calls.op[lo:hi]
+        self._state = calls.state[lo:hi]
+        self._rows = np.arange(lo, hi)
+
+    # -- whole-group views (numpy) ------------------------------------------------------------
+    @cached_property
+    def _segments(self) -> np.ndarray:
+        """Start index of each sequence number's calls."""
+        seq = self._seq
+        return np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]]) if len(seq) else np.zeros(0, dtype=np.int64)
+
+    def first_disagreement(self) -> int | None:
+        """The lowest sequence number at which the calls present differ, or None."""
+        if not len(self._seq):
+            return None
+        starts = self._segments
+        low, high = np.minimum.reduceat(self._value, starts), np.maximum.reduceat(self._value, starts)
+        differ = np.flatnonzero(low != high)
+        return int(self._seq[starts[differ[0]]]) if len(differ) else None
+
+    def ranks(self) -> list[int]:
+        return np.unique(self._rank).tolist()
+
+    def last_seq(self) -> dict[int, int]:
+        """Each rank's newest sequence number in the group."""
+        order = np.lexsort((self._seq, self._rank))
+        rank, seq = self._rank[order], self._seq[order]
+        last = np.r_[rank[1:] != rank[:-1], True] if len(rank) else np.zeros(0, dtype=bool)
+        return dict(zip(rank[last].tolist(), seq[last].tolist()))
+
+    def first_seq(self) -> dict[int, int]:
+        """Each rank's oldest sequence number still in its ring buffer."""
+        order = np.lexsort((self._seq, self._rank))
+        rank, seq = self._rank[order], self._seq[order]
+        first = np.r_[True, rank[1:] != rank[:-1]] if len(rank) else np.zeros(0, dtype=bool)
+        return dict(zip(rank[first].tolist(), seq[first].tolist()))
+
+    # -- one sequence number ------------------------------------------------------------------
+    def _at(self, seq: int) -> slice:
+        lo, hi = np.searchsorted(self._seq, [seq, seq + 1])
+        return slice(int(lo), int(hi))
+
+    def values_at(self, seq: int) -> dict[int, int]:
+        at = self._at(seq)
+        return dict(zip(self._rank[at].tolist(), self._value[at].tolist()))
+
+    def states_at(self, seq: int) -> dict[int, int]:
+        at = self._at(seq)
+        return dict(zip(self._rank[at].tolist(), self._state[at].tolist()))
+
+    def rows_at(self, seq: int) -> dict[int, int]:
+        """rank -> row in the run's ``Calls`` (for its times and record)."""
+        at = self._at(seq)
+        return dict(zip(self._rank[at].tolist(), self._rows[at].tolist()))
+
+    # -- per-rank and consensus sequences (built only for groups that need them) -------------
+    def calls_of(self, rank: int) -> dict[int, int]:
+        mine = self._rank == rank
+        return dict(zip(self._seq[mine].tolist(), self._value[mine].tolist()))
+
+    def consensus(self, exclude: set[int] = frozenset()) -> dict[int, int]:
+        """seq -> the value most of the other ranks issued there (ties: the lowest value)."""
+        keep = ~np.isin(self._rank, list(exclude)) if exclude else np.ones(len(self._rank), dtype=bool)
+        votes: dict[int, Counter] = {}
+        for seq, value in zip(self._seq[keep].tolist(), self._value[keep].tolist()):
+            votes.setdefault(seq, Counter())[value] += 1
+        return {seq: max(counter.items(), key=lambda kv: (kv[1], -kv[0]))[0] for seq, counter in votes.items()}
+
+    def ops_seen(self, exclude: set[int] = frozenset()) -> set[int]:
+        keep = ~np.isin(self._rank, list(exclude)) if exclude else slice(None)
+        return set(np.unique(self._op[keep]).tolist())
+
+    def predicted(self, consensus: dict[int, int], seq: int) -> int | None:
+        """What the group issued at ``seq``, or, past its calls, what its period predicts."""
+        if seq in consensus:
+            return consensus[seq]
+        period = _period(consensus)
+        if period is None:
+            return None
+        for back in range(seq - period, min(consensus, default=seq) - 1, -period):
+            if back in consensus:
+                return consensus[back]
+        return None
+
+
+def _period(consensus: dict[int, int]) -> int | None:
+    """The shortest period the group's latest agreed calls repeat with (at least two periods seen)."""
+    if len(consensus) < 2:
+        return None
+    seqs = sorted(consensus)
+    values = [consensus[s] for s in seqs]
+    for period in range(1, min(_MAX_PERIOD, len(values) // 2) + 1):
+        tail = values[-min(len(values), 3 * period):]
+        if all(tail[i] == tail[i - period] for i in range(period, len(tail))):
+            return period
+    return None
+
+
+def split_by_group(calls: Calls, groups: dict[int, Group]) -> dict[int, GroupSequences]:
+    """Every group's ``GroupSequences`` (``calls`` is sorted by group)."""
+    starts = np.flatnonzero(np.r_[True, calls.group[1:] != calls.group[:-1]]) if len(calls) else []
+    ends = list(starts[1:]) + [len(calls)] if len(calls) else []
+    return {int(calls.group[lo]): GroupSequences(groups[int(calls.group[lo])], calls, int(lo), int(hi))
+            for lo, hi in zip(starts, ends) if int(calls.group[lo]) in groups}
