@@ -15,6 +15,7 @@ hang watch. In order:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,8 @@ from rankstream.flows.diagnosis.matching import Disagreement, classify, first_di
 from rankstream.flows.diagnosis.p2p import unmatched_p2p
 from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
 from rankstream.flows.diagnosis.stragglers import find_stragglers
-from rankstream.flows.diagnosis.waits import Position, WaitGraph, build_wait_graph, waiting_positions
+from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past, program_between,
+                                              waiting_positions)
 
 __all__ = ["Diagnosis", "diagnose"]
 
@@ -139,7 +141,7 @@ def _wait_graph(run: _Run) -> WaitGraph:
     for gap in unmatched_p2p(run.entries):
         position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
         graph.waiting.append(position)
-        graph.edges.setdefault(gap.waiter, {})[gap.peer] = position
+        graph.add(Edge(position, gap.peer, "absent"))
     return graph
 
 
@@ -149,23 +151,80 @@ def _wait_findings(run: _Run, graph: WaitGraph, disagreements: list[Disagreement
     explained = {rank for d in disagreements if (d.group.code, d.seq) in disputed for rank in d.values}
     for position in graph.stuck:
         findings.append(_stuck(run, graph, position))
-    stuck_ranks = {p.rank for p in graph.stuck}
+    settled = explained | {p.rank for p in graph.stuck}
+    extra = _extra_callers(run, graph)
+    for rank, position in extra.items():
+        findings.append(_extra(run, graph, rank, position))
+    settled |= set(extra)
+    passed = _gone_past(run, graph, settled)
+    for cycle in graph.cycles():  # two or more ranks that each went past a call: a deadlock
+        if len(set(cycle) & set(passed)) >= 2:
+            for rank in cycle:
+                passed.pop(rank, None)
+    for rank in sorted(passed):
+        findings.append(_absent(run, graph, rank, passed[rank]))
+    settled |= set(passed)
     for sink in graph.sinks():
-        if sink in explained or sink in stuck_ranks:
-            continue  # the mismatch or the stuck collective it is in is the finding
-        findings.append(_sink(run, graph, sink))
-    reaching_sinks = graph.upstream(set(graph.sinks()) | explained | stuck_ranks)
+        if sink not in settled:
+            findings.append(_absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"]))
+            settled.add(sink)
+    reaching = graph.upstream(settled) | settled
     for cycle in graph.cycles():
-        if set(cycle) & reaching_sinks:
+        if set(cycle) & reaching:
             continue
-        where = [graph.edges[rank][next(iter(graph.edges[rank]))] for rank in cycle]
+        edges = [edge for rank in cycle for edge in graph.edges[rank] if edge.target in cycle]
+        first = edges[0].waiter
         findings.append(Finding(
-            kind="deadlock", culprit_ranks=cycle, group=run.group(where[0].group).name,
-            group_desc=run.group(where[0].group).desc, seq=where[0].seq if where[0].seq > 0 else None,
+            kind="deadlock", culprit_ranks=cycle, group=run.group(first.group).name,
+            group_desc=run.group(first.group).desc, seq=first.seq if first.seq > 0 else None,
             waiting_ranks=sorted(graph.upstream(set(cycle))), in_flight=True,
-            evidence=[f"rank {p.rank} waits in {_where(run, p)} for rank(s) {sorted(graph.edges[p.rank])}"
-                      for p in where]))
+            evidence=[f"rank {e.waiter.rank} waits in {_where(run, e.waiter)} for rank {e.target}" for e in edges]))
     return findings
+
+
+def _legitimate(run: _Run, position: Position) -> bool:
+    """Whether the call a rank waits in is one the job issues there: a sibling group issued the
+    same call at that sequence number, or the group's earlier calls predict it."""
+    if position.seq < 0:
+        return True
+    seqs = run.sequences[position.group]
+    value = seqs.values_at(position.seq).get(position.rank)
+    siblings = [s.values_at(position.seq) for s in siblings_of(seqs, run.sequences)]
+    if any(value in values.values() for values in siblings):
+        return True
+    history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
+    predicted = seqs.predicted(history, position.seq)
+    return predicted is None or predicted == value
+
+
+def _extra_callers(run: _Run, graph: WaitGraph) -> dict[int, Position]:
+    """Ranks waiting, for peers that never came, in a call the job does not issue there."""
+    found = {}
+    for rank, edges in graph.edges.items():
+        for edge in edges:
+            if edge.how == "absent" and edge.target in run.dumped and not _legitimate(run, edge.waiter):
+                found.setdefault(rank, edge.waiter)
+    return found
+
+
+def _gone_past(run: _Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]]:
+    """Absent ranks that went past the call they are waited in (they skipped it): rank -> edges."""
+    group_desc = {code: group.desc or group.name for code, group in run.groups.items()}
+    references: dict[tuple[int, int], Counter] = {}
+    found: dict[int, list[Edge]] = {}
+    for edges in graph.edges.values():
+        for edge in edges:
+            if edge.how != "absent" or edge.target not in run.dumped or edge.target in settled \
+                    or edge.waiter.rank in settled or edge.waiter.seq <= 0:
+                continue
+            where = (edge.waiter.group, edge.waiter.seq)
+            if where not in references:
+                seqs = run.sequences[edge.waiter.group]
+                family = [edge.waiter.group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
+                references[where] = program_between(run.calls, group_desc, family, edge.waiter.seq)
+            if gone_past(edge, run.calls, group_desc, references[where]):
+                found.setdefault(edge.target, []).append(edge)
+    return found
 
 
 def _where(run: _Run, position: Position) -> str:
@@ -176,43 +235,71 @@ def _where(run: _Run, position: Position) -> str:
 def _stuck(run: _Run, graph: WaitGraph, position: Position) -> Finding:
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq)[position.rank]
+    went_on = seqs.last_seq().get(position.rank, position.seq) > position.seq
+    state = "started" if seqs.states_at(position.seq)[position.rank] else "scheduled"
     return Finding(
-        kind="stuck_in_collective", culprit_ranks=[position.rank], group=seqs.group.name,
-        group_desc=seqs.group.desc, seq=position.seq, expected=run.describe(value), actual=run.describe(value),
-        waiting_ranks=sorted(graph.upstream({position.rank})), in_flight=True,
+        kind="state_mismatch" if went_on else "stuck_in_collective", culprit_ranks=[position.rank],
+        group=seqs.group.name, group_desc=seqs.group.desc, seq=position.seq, expected=run.describe(value),
+        actual=run.describe(value), waiting_ranks=sorted(graph.upstream({position.rank})), in_flight=True,
         evidence=[f"every other member of {seqs.group.label} completed #{position.seq}; rank {position.rank}'s "
-                  f"entry is still {'started' if seqs.states_at(position.seq)[position.rank] else 'scheduled'}"])
+                  f"entry is still {state}"] + ([f"rank {position.rank} enqueued later calls of the group"]
+                                                 if went_on else []))
 
 
-def _sink(run: _Run, graph: WaitGraph, sink: int) -> Finding:
-    """A rank others wait for that waits for nobody: it never issued what they wait in."""
-    waits = sorted((p for waiter, targets in graph.edges.items() for target, p in targets.items() if target == sink),
-                   key=lambda p: (p.seq < 0, p.seq, p.group))
-    where = waits[0]
+def _extra(run: _Run, graph: WaitGraph, rank: int, position: Position) -> Finding:
+    seqs = run.sequences[position.group]
+    value = seqs.values_at(position.seq)[rank]
+    absent = sorted(e.target for e in graph.edges[rank] if e.waiter == position)
+    return Finding(
+        kind="extra_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=position.seq, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})), in_flight=True,
+        evidence=[f"rank {rank} waits in #{position.seq} of {seqs.group.label} for ranks {absent}, which never "
+                  "issued it", "no sibling group issued that call there, and the group's earlier calls do not "
+                  "predict it"])
+
+
+def _first_in_program(run: _Run, edges: list[Edge]) -> Edge:
+    """Of the calls a rank is waited in, the one it would have reached first: prefer one every
+    other member started, then the earliest created."""
+    def key(edge: Edge):
+        if edge.waiter.seq < 0:
+            return (1, 0)
+        seqs = run.sequences[edge.waiter.group]
+        rows = seqs.rows_at(edge.waiter.seq)
+        others = [m for m in seqs.group.members if m != edge.target]
+        everyone = all(m in rows for m in others if m in run.dumped)
+        return (0 if everyone else 1, min(int(run.calls.created[r]) for r in rows.values()))
+    return min(edges, key=key)
+
+
+def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding:
+    """A rank others wait for in a call it never issued: it skipped it, or left no dump."""
+    if not edges:
+        edges = graph.into(rank)
+    where = _first_in_program(run, edges).waiter
     group = run.group(where.group)
-    waiting = sorted(graph.upstream({sink}))
+    waiting = sorted(graph.upstream({rank}))
     if where.seq < 0:
-        gap = next(g for g in unmatched_p2p(run.entries) if g.waiter == where.rank and g.peer == sink)
-        kind = "missing_dump" if sink not in run.dumped else "p2p_unmatched"
-        return Finding(kind=kind, culprit_ranks=[sink], group=group.name, group_desc=group.desc, seq=-where.seq,
-                       expected={"op": "recv" if gap.op == "send" else "send", "from" if gap.op == "send" else "to":
-                                 gap.waiter}, actual=None, waiting_ranks=waiting, in_flight=True,
+        gap = next(g for g in unmatched_p2p(run.entries) if g.waiter == where.rank and g.peer == rank)
+        kind = "p2p_unmatched" if rank in run.dumped else "missing_dump"
+        return Finding(kind=kind, culprit_ranks=[rank], group=group.name, group_desc=group.desc, seq=-where.seq,
+                       expected={"op": "recv" if gap.op == "send" else "send", "peer": gap.waiter},
+                       waiting_ranks=waiting, in_flight=True,
                        evidence=[f"rank {gap.waiter}'s {gap.op} (p2p #{gap.p2p_seq} of {group.label}) has no "
-                                 f"counterpart posted by rank {sink}"])
+                                 f"counterpart posted by rank {rank}"])
     seqs = run.sequences[where.group]
-    values = seqs.values_at(where.seq)
-    expected = max(set(values.values()), key=list(values.values()).count) if values else None
-    last = seqs.last_seq().get(sink)
-    if sink not in run.dumped:
-        evidence = [f"rank {sink} left no dump; ranks {waiting} wait for it in {_where(run, where)}"]
-        return Finding(kind="missing_dump", culprit_ranks=[sink], group=group.name, group_desc=group.desc,
+    values = list(seqs.values_at(where.seq).values())
+    expected = max(set(values), key=values.count) if values else None
+    if rank not in run.dumped:
+        return Finding(kind="missing_dump", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                        seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
-                       evidence=evidence)
-    evidence = [f"rank {sink}'s last call in {group.label} is " + (f"#{last}" if last is not None else "none") +
-                f"; {len(waiting)} rank(s) wait in #{where.seq}", "rank %d waits for nobody" % sink]
-    return Finding(kind="skipped_collective", culprit_ranks=[sink], group=group.name, group_desc=group.desc,
+                       evidence=[f"rank {rank} left no dump; {len(waiting)} rank(s) wait for it, first in "
+                                 f"{_where(run, where)}"])
+    last = seqs.last_seq().get(rank)
+    return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                    seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
-                   evidence=evidence)
+                   evidence=[f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
+                             f"; its peers wait in #{where.seq}"])
 
 
 # -- ranks that disagree on whether a collective completed ------------------------------------------

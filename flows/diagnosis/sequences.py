@@ -20,6 +20,8 @@ __all__ = ["GroupSequences", "split_by_group"]
 
 #: The longest period looked for, in calls.
 _MAX_PERIOD = 96
+#: How many of the latest agreed calls a period must explain.
+_CHECKED = 48
 
 
 class GroupSequences:
@@ -122,7 +124,9 @@ def _period(consensus: dict[int, int]) -> int | None:
     seqs = sorted(consensus)
     values = [consensus[s] for s in seqs]
     for period in range(1, min(_MAX_PERIOD, len(values) // 2) + 1):
-        tail = values[-min(len(values), 3 * period):]
+        # at least three periods and _CHECKED calls: a step's pattern repeats within it too
+        # (all-gather, reduce-scatter, ...), which a short window would take for the period
+        tail = values[-min(len(values), max(3 * period, _CHECKED)):]
         if all(tail[i] == tail[i - period] for i in range(period, len(tail))):
             return period
     return None

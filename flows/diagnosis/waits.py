@@ -1,18 +1,23 @@
 """The wait-for graph: who is blocked, on whom, and where the waiting ends.
 
-A rank waits where it has a collective that has not completed: with NCCL, its oldest entry per
-group whose state is not ``completed``; with gloo, whose entries all stay ``scheduled``, its newest
-entry (a gloo collective blocks the calling thread), when some member could not have joined it.
-It waits *for* the members of that group that never issued that sequence number (or left no
-dump). Following those edges from every waiting rank ends at a rank that waits for nobody (a sink:
-the root of a hang, with everyone upstream its consequence) or goes round a cycle (a deadlock).
-A waiting position that every member reached ends the chain in another way: the members disagree
-about it (a mismatch, judged by ``matching``), or every peer completed it and this rank did not
-(it is stuck in it).
+Where a rank is: with NCCL, inside its ``started`` entries (or, with timing off, its oldest
+unfinished one); with gloo, whose entries all stay ``scheduled``, in its newest entry (a gloo
+collective blocks the calling thread). Inside collective ``#n`` of group ``g`` it waits for every
+member that has not started ``#n``: one that never issued it (an *absent* edge: it skipped it,
+went elsewhere, or left no dump) and, with NCCL, one whose ``#n`` is only enqueued (a *behind*
+edge: its GPU is still in something earlier).
+
+Following the edges ends at a rank that waits for nobody (a sink: the root of a hang) or goes
+round a cycle. A cycle is not always a deadlock: a rank that skipped a collective can go on to a
+later one (the step's barrier) and wait there for the very peers that wait for it. What tells
+them apart is program order: the rank that skipped has *gone past* the call it was waited in
+(after its previous call in that group it issued more than the waiter issued before that call),
+while in a deadlock each rank waits in a call it reached in order.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,41 +25,53 @@ import numpy as np
 from rankstream.flows.diagnosis.calls import Calls
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
-__all__ = ["Position", "WaitGraph", "waiting_positions", "build_wait_graph"]
+__all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph"]
 
-COMPLETED = 2
+SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class Position:
-    """Rank ``rank`` is inside collective ``seq`` of group ``group`` (a group code)."""
+    """Rank ``rank`` is inside call ``seq`` of group ``group`` (a group code); a negative ``seq``
+    is a point-to-point position (``-p2p_seq``)."""
 
     rank: int
     group: int
     seq: int
 
 
+@dataclass(frozen=True)
+class Edge:
+    waiter: Position
+    target: int
+    #: "absent" (the target never issued the call) or "behind" (it is enqueued but not started).
+    how: str
+
+
 @dataclass
 class WaitGraph:
-    #: rank -> ranks it waits for, with where: (waiter position, absent rank).
-    edges: dict[int, dict[int, Position]] = field(default_factory=dict)
-    #: Positions every member reached, each member issued the same call, every peer completed it,
-    #: and this rank did not.
+    edges: dict[int, list[Edge]] = field(default_factory=dict)
+    #: Positions every member reached, with the same call, that every peer completed and this rank not.
     stuck: list[Position] = field(default_factory=list)
     #: Positions whose members all arrived but disagree (the matching names the culprit).
     disputed: list[Position] = field(default_factory=list)
-    #: Every rank that waits somewhere, by position.
     waiting: list[Position] = field(default_factory=list)
 
-    def waits_for(self, rank: int) -> dict[int, Position]:
-        return self.edges.get(rank, {})
+    def add(self, edge: Edge) -> None:
+        self.edges.setdefault(edge.waiter.rank, []).append(edge)
+
+    def targets(self, rank: int) -> set[int]:
+        return {edge.target for edge in self.edges.get(rank, [])}
+
+    def into(self, rank: int) -> list[Edge]:
+        return [edge for edges in self.edges.values() for edge in edges if edge.target == rank]
 
     def upstream(self, ranks: set[int]) -> set[int]:
         """Every rank whose waiting leads to one of ``ranks`` (not counting them)."""
         reverse: dict[int, set[int]] = {}
-        for waiter, targets in self.edges.items():
-            for target in targets:
-                reverse.setdefault(target, set()).add(waiter)
+        for waiter, edges in self.edges.items():
+            for edge in edges:
+                reverse.setdefault(edge.target, set()).add(waiter)
         seen, frontier = set(), list(ranks)
         while frontier:
             for waiter in reverse.get(frontier.pop(), ()):
@@ -65,62 +82,60 @@ class WaitGraph:
 
     def sinks(self) -> list[int]:
         """Ranks waited for that wait for nobody."""
-        targets = {t for targets in self.edges.values() for t in targets}
+        targets = {edge.target for edges in self.edges.values() for edge in edges}
         return sorted(t for t in targets if not self.edges.get(t))
 
     def cycles(self) -> list[list[int]]:
-        """Groups of ranks that wait for each other (strongly connected, more than one rank)."""
-        index, low, stack, on_stack, found = {}, {}, [], set(), []
-        counter = [0]
-
-        def visit(node: int) -> None:  # Tarjan, iterative enough for the depths seen here
-            index[node] = low[node] = counter[0]
-            counter[0] += 1
-            stack.append(node)
-            on_stack.add(node)
-            for target in self.edges.get(node, {}):
-                if target not in index:
-                    visit(target)
-                    low[node] = min(low[node], low[target])
-                elif target in on_stack:
-                    low[node] = min(low[node], index[target])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    top = stack.pop()
-                    on_stack.discard(top)
-                    component.append(top)
-                    if top == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-
-        for node in sorted(self.edges):
-            if node not in index:
-                visit(node)
-        return found
+        """Groups of more than one rank that wait for each other (strongly connected components)."""
+        order, seen = [], set()
+        for start in sorted(self.edges):  # first pass: finishing order, iteratively
+            if start in seen:
+                continue
+            seen.add(start)
+            stack = [(start, iter(sorted(self.targets(start))))]
+            while stack:
+                node, children = stack[-1]
+                child = next(children, None)
+                if child is None:
+                    stack.pop()
+                    order.append(node)
+                elif child not in seen:
+                    seen.add(child)
+                    stack.append((child, iter(sorted(self.targets(child)))))
+        reverse: dict[int, set[int]] = {}
+        for waiter in self.edges:
+            for target in self.targets(waiter):
+                reverse.setdefault(target, set()).add(waiter)
+        assigned, components = set(), []
+        for node in reversed(order):
+            if node in assigned:
+                continue
+            component, frontier = [], [node]
+            assigned.add(node)
+            while frontier:
+                current = frontier.pop()
+                component.append(current)
+                for previous in reverse.get(current, ()):
+                    if previous not in assigned:
+                        assigned.add(previous)
+                        frontier.append(previous)
+            if len(component) > 1:
+                components.append(sorted(component))
+        return components
 
 
 def waiting_positions(calls: Calls, stateless: set[int]) -> list[Position]:
-    """Where each rank may be blocked: its oldest unfinished call per group (NCCL), or its newest
-    call (ranks in ``stateless``, whose entries never say whether they finished: gloo)."""
+    """Where each rank is (see the module docstring)."""
     positions = []
-    unfinished = np.flatnonzero(calls.state < COMPLETED)
-    order = unfinished[np.lexsort((calls.seq[unfinished], calls.group[unfinished], calls.rank[unfinished]))]
-    previous = None
-    for row in order.tolist():
-        rank, group = int(calls.rank[row]), int(calls.group[row])
-        if rank in stateless or (rank, group) == previous:
-            continue
-        previous = (rank, group)
-        positions.append(Position(rank, group, int(calls.seq[row])))
-    if stateless:
-        ranks = calls.rank
-        for rank in sorted(stateless):
-            rows = np.flatnonzero(ranks == rank)
-            if len(rows):
-                newest = rows[np.argmax(calls.record[rows])]
-                positions.append(Position(rank, int(calls.group[newest]), int(calls.seq[newest])))
+    for rank in np.unique(calls.rank).tolist():
+        rows = np.flatnonzero(calls.rank == rank)
+        if rank in stateless:
+            chosen = [rows[np.argmax(calls.record[rows])]]
+        else:
+            started = rows[calls.state[rows] == STARTED]
+            unfinished = rows[calls.state[rows] < COMPLETED]
+            chosen = started if len(started) else unfinished[np.argsort(calls.record[unfinished])][:1]
+        positions += [Position(rank, int(calls.group[r]), int(calls.seq[r])) for r in chosen]
     return positions
 
 
@@ -132,23 +147,58 @@ def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequen
         seqs = sequences.get(position.group)
         if seqs is None:
             continue
-        reached = last[position.group]
-        absent = [m for m in seqs.group.members if m != position.rank
-                  and (m not in dumped or reached.get(m, -1) < position.seq)]
-        if absent:
+        reached, states = last[position.group], seqs.states_at(position.seq)
+        edges = []
+        for member in seqs.group.members:
+            if member == position.rank:
+                continue
+            if member not in dumped or (member not in states and reached.get(member, -1) < position.seq):
+                edges.append(Edge(position, member, "absent"))
+            elif member in states and member not in stateless and states[member] == SCHEDULED \
+                    and states.get(position.rank) == STARTED:
+                edges.append(Edge(position, member, "behind"))
+        if edges:
             graph.waiting.append(position)
-            for member in absent:
-                graph.edges.setdefault(position.rank, {})[member] = position
+            for edge in edges:
+                graph.add(edge)
             continue
         values = seqs.values_at(position.seq)
         if len(set(values.values())) > 1:
             graph.waiting.append(position)
             graph.disputed.append(position)
-            continue
-        if position.rank in stateless:
-            continue  # everyone joined it: a gloo collective that completed
-        states = seqs.states_at(position.seq)
-        peers = [state for rank, state in states.items() if rank != position.rank]
-        if peers and all(state >= COMPLETED for state in peers):
-            graph.stuck.append(position)
+        elif position.rank not in stateless:
+            peers = [state for rank, state in states.items() if rank != position.rank]
+            if peers and all(state >= COMPLETED for state in peers):
+                graph.stuck.append(position)
     return graph
+
+
+def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], seq: int) -> Counter:
+    """What the job issues between call ``seq - 1`` and call ``seq`` of a group: per (group kind,
+    op), the most any rank of ``groups`` (the group and its siblings) issued there."""
+    reference: Counter = Counter()
+    for code in groups:
+        rows = np.flatnonzero((calls.group == code) & ((calls.seq == seq) | (calls.seq == seq - 1)))
+        for rank in np.unique(calls.rank[rows]).tolist():
+            mine = rows[calls.rank[rows] == rank]
+            before, here = mine[calls.seq[mine] == seq - 1], mine[calls.seq[mine] == seq]
+            if not len(before) or not len(here):
+                continue
+            theirs = np.flatnonzero((calls.rank == rank) & (calls.record > calls.record[before].max())
+                                    & (calls.record < calls.record[here].min()))
+            reference |= Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in theirs)
+    return reference
+
+
+def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], reference: Counter) -> bool:
+    """Whether the absent target of ``edge`` went past the call its waiter waits in: after its own
+    previous call in that group it issued calls of some kind more often than the job issues
+    between that call and this one (``reference``, from ``program_between``)."""
+    group, seq = edge.waiter.group, edge.waiter.seq
+    target_rows = np.flatnonzero(calls.rank == edge.target)
+    in_group = target_rows[(calls.group[target_rows] == group) & (calls.seq[target_rows] < seq)]
+    if not len(in_group):
+        return False
+    after = target_rows[calls.record[target_rows] > calls.record[in_group].max()]
+    theirs = Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in after)
+    return any(count > reference.get(kind, 0) for kind, count in theirs.items())
