@@ -15,6 +15,7 @@ hang watch. In order:
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from rankstream.flows.diagnosis.evidence import decide, siblings_of
 from rankstream.flows.diagnosis.findings import KINDS, Finding, verdict_of
 from rankstream.flows.diagnosis.groups import Group, find_groups
 from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
+from rankstream.flows.diagnosis.origin import shift_origin
 from rankstream.flows.diagnosis.p2p import unmatched_p2p
 from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
 from rankstream.flows.diagnosis.stragglers import find_stragglers
@@ -164,8 +166,8 @@ def _wait_findings(run: _Run, graph: WaitGraph, disagreements: list[Disagreement
     for rank in sorted(passed):
         findings.append(_absent(run, graph, rank, passed[rank]))
     settled |= set(passed)
-    for sink in graph.sinks():
-        if sink not in settled:
+    for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
+        if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
             findings.append(_absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"]))
             settled.add(sink)
     reaching = graph.upstream(settled) | settled
@@ -189,9 +191,12 @@ def _legitimate(run: _Run, position: Position) -> bool:
         return True
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq).get(position.rank)
-    siblings = [s.values_at(position.seq) for s in siblings_of(seqs, run.sequences)]
+    family = siblings_of(seqs, run.sequences)
+    siblings = [s.values_at(position.seq) for s in family]
     if any(value in values.values() for values in siblings):
         return True
+    if family and len(seqs.values_at(position.seq)) == 1:
+        return False  # nobody else, in this group or its siblings, ever issued a call this far
     history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
     predicted = seqs.predicted(history, position.seq)
     return predicted is None or predicted == value
@@ -250,26 +255,72 @@ def _extra(run: _Run, graph: WaitGraph, rank: int, position: Position) -> Findin
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq)[rank]
     absent = sorted(e.target for e in graph.edges[rank] if e.waiter == position)
+    evidence = [f"rank {rank} waits in #{position.seq} of {seqs.group.label} for ranks {absent}, which never "
+                "issued it", "no sibling group issued that call there, and the group's earlier calls do not "
+                "predict it"]
+    seq = _origin(run, rank, seqs, position.seq, evidence)
     return Finding(
         kind="extra_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
-        seq=position.seq, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})), in_flight=True,
-        evidence=[f"rank {rank} waits in #{position.seq} of {seqs.group.label} for ranks {absent}, which never "
-                  "issued it", "no sibling group issued that call there, and the group's earlier calls do not "
-                  "predict it"])
+        seq=seq, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})),
+        in_flight=seq == position.seq, evidence=evidence)
+
+
+def _origin(run: _Run, rank: int, seqs: GroupSequences, hang_seq: int, evidence: list[str]) -> int:
+    """Where the rank's shift began, when long before the hang (see ``origin``)."""
+    peers = [m for m in seqs.group.members if m != rank and m in run.dumped]
+    origin = shift_origin(run.calls, rank, seqs.group.code, peers, hang_seq)
+    if origin is None:
+        return hang_seq
+    evidence.append(f"its calls of {seqs.group.label} stop lining up with its peers' program in the stretch "
+                    f"starting at #{origin} (what it issued between them differs from then on); the job ran on "
+                    f"until #{hang_seq}")
+    return origin
 
 
 def _first_in_program(run: _Run, edges: list[Edge]) -> Edge:
-    """Of the calls a rank is waited in, the one it would have reached first: prefer one every
-    other member started, then the earliest created."""
-    def key(edge: Edge):
-        if edge.waiter.seq < 0:
-            return (1, 0)
-        seqs = run.sequences[edge.waiter.group]
-        rows = seqs.rows_at(edge.waiter.seq)
-        others = [m for m in seqs.group.members if m != edge.target]
-        everyone = all(m in rows for m in others if m in run.dumped)
-        return (0 if everyone else 1, min(int(run.calls.created[r]) for r in rows.values()))
-    return min(edges, key=key)
+    """Of the calls a rank is waited in, the one it would have reached first. Program order comes
+    from the rank's peers (the members of its groups short of the whole job) that issued the
+    same calls (the same group kind and sequence number, in their own groups of that kind): their
+    record ids order them, by majority; else creation times do."""
+    unique = list({(e.waiter.group, e.waiter.seq): e for e in edges}.values())
+    if len(unique) == 1:
+        return unique[0]
+    keys = {e: (run.group(e.waiter.group).desc or run.group(e.waiter.group).name, e.waiter.seq) for e in unique}
+    target = unique[0].target
+    peers = {m for g in run.groups.values() if target in g.members and len(g.members) < run.world
+             for m in g.members} - {target}  # not the whole world: other pipeline stages run other programs
+    records = {rank: r for rank, r in _records_by_kind(run, set(keys.values())).items() if rank in peers}
+
+    def before(a: Edge, b: Edge) -> int:
+        votes = [records[r][keys[a]] < records[r][keys[b]] for r in records if keys[a] in records[r]
+                 and keys[b] in records[r]]
+        if votes:
+            return -1 if sum(votes) * 2 >= len(votes) else 1
+        created = lambda e: min(_created(run, e), default=0)  # noqa: E731
+        return -1 if created(a) < created(b) else 1 if created(a) > created(b) else 0
+
+    return sorted(unique, key=functools.cmp_to_key(before))[0]
+
+
+def _records_by_kind(run: _Run, wanted: set[tuple]) -> dict[int, dict[tuple, int]]:
+    """rank -> {(group kind, seq): record} for the wanted calls (a negative seq: p2p)."""
+    entries, out = run.entries, {}
+    kinds = np.array([(desc or name) for name, desc in entries.vocabulary.groups], dtype=object)
+    kind_of = kinds[entries.group] if len(entries) else np.array([], dtype=object)
+    seq = np.where(entries.is_p2p, -entries.p2p_seq, entries.seq)
+    for kind, number in wanted:
+        rows = np.flatnonzero((kind_of == kind) & (seq == number))
+        for rank, record in zip(entries.rank[rows].tolist(), entries.record[rows].tolist()):
+            out.setdefault(rank, {})[(kind, number)] = record
+    return out
+
+
+def _created(run: _Run, edge: Edge) -> list[int]:
+    if edge.waiter.seq < 0:
+        return [g.created for g in unmatched_p2p(run.entries)
+                if (g.waiter, g.group, -g.p2p_seq) == (edge.waiter.rank, edge.waiter.group, edge.waiter.seq)]
+    rows = run.sequences[edge.waiter.group].rows_at(edge.waiter.seq)
+    return [int(run.calls.created[r]) for r in rows.values()]
 
 
 def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding:
@@ -296,10 +347,12 @@ def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Findin
                        evidence=[f"rank {rank} left no dump; {len(waiting)} rank(s) wait for it, first in "
                                  f"{_where(run, where)}"])
     last = seqs.last_seq().get(rank)
+    evidence = [f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
+                f"; its peers wait in #{where.seq}"]
+    seq = _origin(run, rank, seqs, where.seq, evidence)
     return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
-                   seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
-                   evidence=[f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
-                             f"; its peers wait in #{where.seq}"])
+                   seq=seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=seq == where.seq,
+                   evidence=evidence)
 
 
 # -- ranks that disagree on whether a collective completed ------------------------------------------

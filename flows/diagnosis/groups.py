@@ -52,4 +52,30 @@ def find_groups(entries: Entries, listed: dict[str, list[int]], dumped: list[int
         else:
             members, known = tuple(logged), False
         groups[code] = Group(code, name, desc, members, known)
+    absent = set(range(world)) - set(dumped)
+    if absent:
+        groups = {code: _completed(group, groups.values(), absent) for code, group in groups.items()}
     return groups, world
+
+
+def _completed(group: Group, groups, absent: set[int]) -> Group:
+    """An inferred group smaller than its siblings (same description) lacks a rank that left no
+    dump: where the siblings' members all sit at the same offsets from their first rank, the
+    missing ones are found at those offsets, provided exactly one placement uses only such ranks."""
+    if group.listed:
+        return group
+    siblings = [g for g in groups if g.desc == group.desc and g.code != group.code and g.members]
+    shapes = {tuple(m - g.members[0] for m in g.members) for g in siblings}
+    if len(shapes) != 1:
+        return group
+    shape = shapes.pop()
+    if len(shape) <= len(group.members):
+        return group
+    placements = []
+    for anchor in {m - offset for m in group.members for offset in shape}:
+        candidate = {anchor + offset for offset in shape}
+        if set(group.members) <= candidate and candidate - set(group.members) <= absent:
+            placements.append(candidate)
+    if len(placements) != 1:
+        return group
+    return Group(group.code, group.name, group.desc, tuple(sorted(placements[0])), False)

@@ -31,6 +31,7 @@ class Unmatched:
     p2p_seq: int
     op: str
     record: int
+    created: int
 
 
 def unmatched_p2p(entries: Entries) -> list[Unmatched]:
@@ -43,10 +44,10 @@ def unmatched_p2p(entries: Entries) -> list[Unmatched]:
         rank, peer, op = int(entries.rank[row]), int(entries.peer[row]), ops[entries.op[row]]
         src, dst = (rank, peer) if op == "send" else (peer, rank)
         pending.setdefault((int(entries.group[row]), src, dst, op), []).append(
-            (rank, int(entries.p2p_seq[row]), int(entries.record[row])))
+            (rank, int(entries.p2p_seq[row]), int(entries.record[row]), int(entries.created[row])))
     found = []
     for (group, src, dst, op), mine in pending.items():
         other = pending.get((group, src, dst, "recv" if op == "send" else "send"), [])
-        for rank, p2p_seq, record in mine[len(other):]:
-            found.append(Unmatched(rank, dst if op == "send" else src, group, p2p_seq, op, record))
+        for rank, p2p_seq, record, created in mine[len(other):]:
+            found.append(Unmatched(rank, dst if op == "send" else src, group, p2p_seq, op, record, created))
     return sorted(found, key=lambda u: (u.group, u.p2p_seq, u.waiter))

@@ -1,13 +1,14 @@
 """Stragglers: a rank that arrives last at its collectives, by more than the run's own noise.
 
-The last rank to arrive waits least: where the Flight Recorder has start and completion times
-(NCCL), a rank's lateness in a collective is how much shorter its time inside it was than its
-peers' median, which needs no common clock. Without them (gloo), lateness is how much later the
-rank created the collective than its peers' median, which assumes the ranks share a clock (one
-host, or clocks synchronized better than the lateness). A rank is a straggler when its median
-lateness exceeds ``max(floor, k x the typical lateness of the other ranks)`` and it is the last
-to arrive in most of its collectives; a healthy job, even with two ranks of which one always
-arrives a little later, gives none.
+A rank's lateness in a collective is how much later it created the collective than its peers'
+median. Creation times are exact, where the start and completion times torch records come from its
+watchdog's polling (100 ms apart with NCCL) and are too coarse. They are read on each rank's own
+clock: the stored path moves them onto the aligned clock first (``clock_offsets``), and a dump
+directory assumes clocks synchronized better than the lateness (NTP on one cluster), with the
+clock error bound, when known, added to the threshold. A rank is a straggler when its median
+lateness exceeds ``max(floor, k x the typical lateness of the other ranks, clock error)`` and it
+is the last to arrive in most of its collectives; a healthy job, even with two ranks of which one
+always arrives a little later, gives none.
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
     """``members``: group code -> member count (only collectives every member logged are used)."""
     if not len(calls):
         return []
-    timed = bool(np.all(calls.completed > 0) and np.all(calls.started > 0))
-    source = "time inside the collective" if timed else "creation time"
+    source = "creation times"
     key = calls.group.astype(np.int64) * (int(calls.seq.max()) + 1) + calls.seq
-    measure = (calls.started - calls.completed if timed else calls.created).astype(np.float64)
+    measure = calls.created.astype(np.float64)
     order, starts, medians = _segment_medians(key, measure)
     sizes = np.diff(np.r_[starts, len(order)])
     wanted = np.array([members.get(int(g), 0) for g in calls.group[order][starts]])

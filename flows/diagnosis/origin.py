@@ -1,0 +1,53 @@
+"""Where a shift began: the stretch of calls in which a rank skipped or added one.
+
+A rank that skipped a call (or issued an extra one) long before the hang, in a group whose calls
+are all alike (equal gradient buckets), still completes its later calls: each meets a peer's call
+of the same size, one off. Its calls are then shifted against the program, which shows in what it
+does *between* them: before its call ``#k`` it made a different number of calls in other groups
+than its peers made before theirs. The first call where that differs ends the shifted stretch;
+the stretch (the run of calls with nothing in between) where the rank's count went wrong is where
+the skip or the extra call is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rankstream.flows.diagnosis.calls import Calls
+
+__all__ = ["shift_origin"]
+
+
+def _gaps(calls: Calls, rank: int, group: int) -> dict[int, int]:
+    """seq -> how many calls of other groups the rank made between its previous call of
+    ``group`` and this one."""
+    rows = np.flatnonzero(calls.rank == rank)
+    rows = rows[np.argsort(calls.record[rows])]
+    in_group = calls.group[rows] == group
+    positions = np.flatnonzero(in_group)
+    seqs = calls.seq[rows][positions]
+    return {int(seq): int(position - previous - 1)
+            for seq, position, previous in zip(seqs[1:], positions[1:], positions[:-1])}
+
+
+def shift_origin(calls: Calls, rank: int, group: int, peers: list[int], before: int) -> int | None:
+    """The first call of the stretch in which ``rank``'s calls of ``group`` stopped lining up with
+    its peers' program, if that is before ``before``; None when they line up throughout."""
+    mine = _gaps(calls, rank, group)
+    reference: dict[int, int] = {}
+    for peer in peers:
+        for seq, gap in _gaps(calls, peer, group).items():
+            reference[seq] = max(reference.get(seq, 0), gap)
+    for seq in sorted(set(mine) & set(reference)):
+        if seq >= before:
+            return None
+        if mine[seq] == reference[seq]:
+            continue
+        # later than the program (it skipped a call before): the stretch ends at the previous call;
+        # earlier than the program (an extra call): the stretch holds this one
+        end = seq - 1 if mine[seq] > reference[seq] else seq
+        start = end
+        while mine.get(start, 1) == 0:
+            start -= 1
+        return start
+    return None
