@@ -168,7 +168,13 @@ def _wait_findings(run: _Run, graph: WaitGraph, disagreements: list[Disagreement
     settled |= set(passed)
     for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
         if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
-            findings.append(_absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"]))
+            finding = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
+            if finding.kind == "skipped_collective":  # nothing shows it went past: it may be blocked in a
+                finding.evidence.append(f"nothing shows where rank {sink} went instead: it is stalled outside "
+                                        "collectives or blocked in a call the Flight Recorder does not record "
+                                        "(gloo's send/recv)")
+                finding.inferred = True  # ranked after the findings with direct evidence
+            findings.append(finding)
             settled.add(sink)
     reaching = graph.upstream(settled) | settled
     for cycle in graph.cycles():
@@ -258,23 +264,29 @@ def _extra(run: _Run, graph: WaitGraph, rank: int, position: Position) -> Findin
     evidence = [f"rank {rank} waits in #{position.seq} of {seqs.group.label} for ranks {absent}, which never "
                 "issued it", "no sibling group issued that call there, and the group's earlier calls do not "
                 "predict it"]
-    seq = _origin(run, rank, seqs, position.seq, evidence)
+    seq, stretch = _origin(run, rank, seqs, position.seq, evidence)
     return Finding(
         kind="extra_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
-        seq=seq, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})),
+        seq=seq, seq_range=stretch, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})),
         in_flight=seq == position.seq, evidence=evidence)
 
 
-def _origin(run: _Run, rank: int, seqs: GroupSequences, hang_seq: int, evidence: list[str]) -> int:
-    """Where the rank's shift began, when long before the hang (see ``origin``)."""
+def _origin(run: _Run, rank: int, seqs: GroupSequences, hang_seq: int,
+            evidence: list[str]) -> tuple[int, tuple[int, int] | None]:
+    """Where the rank's shift began, when long before the hang (see ``origin``), and the stretch
+    when its calls there are all alike (the dumps cannot tell which one it was)."""
     peers = [m for m in seqs.group.members if m != rank and m in run.dumped]
-    origin = shift_origin(run.calls, rank, seqs.group.code, peers, hang_seq)
-    if origin is None:
-        return hang_seq
+    stretch = shift_origin(run.calls, rank, seqs.group.code, peers, hang_seq)
+    if stretch is None:
+        return hang_seq, None
+    first, last = stretch
+    mine = seqs.calls_of(rank)
+    alike = last > first and len({mine.get(s) for s in range(first, last + 1)}) == 1
     evidence.append(f"its calls of {seqs.group.label} stop lining up with its peers' program in the stretch "
-                    f"starting at #{origin} (what it issued between them differs from then on); the job ran on "
-                    f"until #{hang_seq}")
-    return origin
+                    f"#{first}-#{last} (what it issued between them differs from then on)"
+                    + ("; those calls are identical, so which one it was cannot be told" if alike else "")
+                    + f"; the job ran on until #{hang_seq}")
+    return first, (first, last) if alike else None
 
 
 def _first_in_program(run: _Run, edges: list[Edge]) -> Edge:
@@ -315,6 +327,29 @@ def _records_by_kind(run: _Run, wanted: set[tuple]) -> dict[int, dict[tuple, int
     return out
 
 
+def _completed_later(run: _Run, rank: int, where: Position) -> str | None:
+    """A collective that ``rank`` (which left no dump) completed with its peers after ``where`` in
+    their program order, described; None when there is none (it may have died before ``where``)."""
+    if where.seq < 0:
+        return None
+    calls, key = run.calls, (run.group(where.group).desc or run.group(where.group).name, where.seq)
+    for code, group in run.groups.items():
+        if rank not in group.members or len(group.members) >= run.world or code not in run.sequences:
+            continue
+        seqs = run.sequences[code]
+        others = [m for m in group.members if m != rank and m in run.dumped]
+        rows = np.flatnonzero((calls.group == code) & (calls.state >= 2))
+        done = [int(s) for s in np.unique(calls.seq[rows])
+                if set(seqs.states_at(int(s))) >= set(others) and all(v >= 2 for v in seqs.states_at(int(s)).values())]
+        kind = group.desc or group.name
+        for seq in sorted(done, reverse=True)[:1]:
+            records = _records_by_kind(run, {key, (kind, seq)})
+            votes = [r[key] < r[(kind, seq)] for r in records.values() if key in r and (kind, seq) in r]
+            if votes and sum(votes) * 2 > len(votes):
+                return f"#{seq} of {group.label}"
+    return None
+
+
 def _created(run: _Run, edge: Edge) -> list[int]:
     if edge.waiter.seq < 0:
         return [g.created for g in unmatched_p2p(run.entries)
@@ -342,6 +377,13 @@ def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Findin
     values = list(seqs.values_at(where.seq).values())
     expected = max(set(values), key=values.count) if values else None
     if rank not in run.dumped:
+        later = _completed_later(run, rank, where)
+        if later is not None:  # it took part in a later call: it was alive and went past this one
+            return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name,
+                           group_desc=group.desc, seq=where.seq, expected=run.describe(expected),
+                           waiting_ranks=waiting, in_flight=True, evidence=[
+                               f"rank {rank} left no dump, but its peers completed {later} with it, which comes "
+                               f"after #{where.seq} of {group.label} in their program: it went past it"])
         return Finding(kind="missing_dump", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                        seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
                        evidence=[f"rank {rank} left no dump; {len(waiting)} rank(s) wait for it, first in "
@@ -349,9 +391,9 @@ def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Findin
     last = seqs.last_seq().get(rank)
     evidence = [f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
                 f"; its peers wait in #{where.seq}"]
-    seq = _origin(run, rank, seqs, where.seq, evidence)
+    seq, stretch = _origin(run, rank, seqs, where.seq, evidence)
     return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
-                   seq=seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=seq == where.seq,
+                   seq=seq, seq_range=stretch, expected=run.describe(expected), waiting_ranks=waiting, in_flight=seq == where.seq,
                    evidence=evidence)
 
 
@@ -390,10 +432,10 @@ def _straggler_finding(straggler, run: _Run) -> Finding:
 
 # -- 4. the root cause first -------------------------------------------------------------------------
 def _rooted(findings: list[Finding]) -> list[Finding]:
-    """The finding that explains the most blocked ranks first (then the most specific kind, then the
-    oldest); the findings whose culprits it blocks become its consequences."""
+    """The finding with direct evidence that explains the most blocked ranks first (then the most
+    specific kind, then the oldest); the findings whose culprits it blocks become its consequences."""
     order = {kind: i for i, kind in enumerate(KINDS)}
-    findings = sorted(findings, key=lambda f: (-len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
+    findings = sorted(findings, key=lambda f: (f.inferred, -len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
                                                f.seq if f.seq is not None else 0))
     if not findings:
         return findings

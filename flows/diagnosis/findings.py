@@ -43,6 +43,9 @@ class Finding:
     group_desc: str | None = None
     #: collective_seq_id, or p2p_seq_id for p2p_unmatched.
     seq: int | None = None
+    #: When the dumps cannot tell which call of a stretch of identical calls it was: the stretch
+    #: ``(first, last)``; ``seq`` is its first call.
+    seq_range: tuple[int, int] | None = None
     #: What the group did at ``seq`` and what the culprits did (op, sizes, dtypes, state).
     expected: Any = None
     actual: Any = None
@@ -57,6 +60,9 @@ class Finding:
     stack: list[dict] = field(default_factory=list)
     #: Whether the collective never completed (the hang point), as opposed to an older entry.
     in_flight: bool = False
+    #: Named only because others wait for it, with nothing in its own entries to show the fault;
+    #: a finding with direct evidence is preferred as the root cause.
+    inferred: bool = False
 
     def headline(self) -> str:
         """One line: who did what where, and who it blocks."""
@@ -71,9 +77,10 @@ class Finding:
 
     def as_json(self) -> dict:
         return {"kind": self.kind, "culprit_ranks": self.culprit_ranks, "group": self.group,
-                "group_desc": self.group_desc, "seq": self.seq, "expected": self.expected, "actual": self.actual,
+                "group_desc": self.group_desc, "seq": self.seq, "seq_range": self.seq_range, "expected": self.expected, "actual": self.actual,
                 "waiting_ranks": self.waiting_ranks, "in_flight": self.in_flight, "evidence": self.evidence,
                 "explains": self.explains, "culprit_reason": self.culprit_reason, "stack": self.stack,
+                "inferred": self.inferred,
                 "headline": self.headline()}
 
 

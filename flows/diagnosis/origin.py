@@ -30,9 +30,9 @@ def _gaps(calls: Calls, rank: int, group: int) -> dict[int, int]:
             for seq, position, previous in zip(seqs[1:], positions[1:], positions[:-1])}
 
 
-def shift_origin(calls: Calls, rank: int, group: int, peers: list[int], before: int) -> int | None:
-    """The first call of the stretch in which ``rank``'s calls of ``group`` stopped lining up with
-    its peers' program, if that is before ``before``; None when they line up throughout."""
+def shift_origin(calls: Calls, rank: int, group: int, peers: list[int], before: int) -> tuple[int, int] | None:
+    """The stretch ``(first, last)`` of ``rank``'s calls of ``group`` in which they stopped lining up
+    with its peers' program, if that is before ``before``; None when they line up throughout."""
     mine = _gaps(calls, rank, group)
     reference: dict[int, int] = {}
     for peer in peers:
@@ -49,5 +49,5 @@ def shift_origin(calls: Calls, rank: int, group: int, peers: list[int], before: 
         start = end
         while mine.get(start, 1) == 0:
             start -= 1
-        return start
+        return start, end
     return None
