@@ -1,24 +1,15 @@
-"""Live hang and dead-rank detection, while the job is still running.
+"""The live hang watch: the collective diagnosis, run on live data every couple of seconds.
 
-The signal is cheap and already on the bus: every heartbeat (one per second per rank) carries each
-process group's last enqueued and completed collective, read from the Flight Recorder. For every
-run that is still heartbeating, per group:
+For every run still heartbeating it runs the same engine as ``rankstream diagnose``
+(``flows.diagnosis``) on the run's stored Flight Recorder entries, with the ranks whose heartbeats
+stopped named as dead. Each finding becomes an *episode* in ``live_findings``: first seen, last
+seen, and cleared when a later pass no longer finds it. Episodes are never deleted, so a 40 s stall
+that cleared is still there for ``report`` and ``analyze collectives``.
 
-* the *head* is the highest collective any member has enqueued; when it has not moved for
-  ``stall_s`` and some members are behind it, the group is hung: the members at the head wait in
-  that collective (its op and creation time come from the FR entries), the members behind never
-  reached it and are the culprits, each with its last enqueued/completed collective, its last
-  heartbeat and its last published stack (``idle_outside_collectives`` or ``stalled_in_collective``);
-* when every member reached the head but one of them has not completed it, the group is stuck in
-  it: if the members' Flight Recorder entries for that sequence number name different ops (a rank
-  that skipped a collective has moved on to its next one), the finding is ``mismatched_collective``
-  and the ranks whose op differs from the majority's are the culprits (none on a tie); if they
-  agree, it is ``stuck_collective`` with no culprit (the backend or the network);
-* a rank whose heartbeats stopped for ``dead_s`` while its peers' continue is dead (reported
-  separately, as ``dead_rank``).
-
-``detect`` is a plain function over a DuckDB connection; ``HangWatch`` runs it every couple of
-seconds on a thread of the materializer and replaces the run's rows in ``live_findings``.
+What a rank's Flight Recorder snapshot shows can lag its heartbeats by seconds (the tap dumps the
+ring every few seconds), so a finding about ranks waiting is only recorded once none of the ranks
+involved has made progress for ``stall_s`` (their heartbeats carry each group's last collective);
+a disagreement about sizes or types of a completed collective is a fact at once.
 """
 
 from __future__ import annotations
@@ -26,143 +17,82 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
 
 import duckdb
 
+from rankstream.consumers.query import Database
 from rankstream.consumers.store import transaction
+from rankstream.flows.diagnosis.findings import Finding
+from rankstream.flows.diagnosis.report import diagnose_stored
 
-__all__ = ["LiveFinding", "detect", "HangWatch"]
+__all__ = ["HangWatch", "watch_pass", "ACTIVE_RUNS_SQL"]
 
 _WINDOW_NS = 600 * 10**9
 
-PROGRESS_SQL = """
+#: Runs still going (a heartbeat lately, not every rank said goodbye), with each rank's last
+#: heartbeat and when its collectives' progress last changed.
+ACTIVE_RUNS_SQL = """
 WITH recent AS (
-    SELECT run_id, rank, sent_ns, final, collectives FROM heartbeats WHERE sent_ns > $now - $window
-), latest AS (
-    SELECT * FROM recent QUALIFY row_number() OVER (PARTITION BY run_id, rank ORDER BY sent_ns DESC) = 1
-), active AS (   -- still running: somebody heartbeated lately and not every rank said goodbye
-    SELECT run_id FROM latest GROUP BY run_id HAVING max(sent_ns) > $now - $dead AND NOT bool_and(final)
-), progress AS (
-    SELECT r.run_id, r.rank, r.sent_ns, g.pg,
-           json_extract(r.collectives, '$."' || g.pg || '".last_enqueued')::BIGINT AS enqueued,
-           json_extract(r.collectives, '$."' || g.pg || '".last_completed')::BIGINT AS completed
-    FROM recent r JOIN active USING (run_id),
-         LATERAL (SELECT unnest(json_keys(r.collectives)) AS pg) g
-    WHERE r.collectives IS NOT NULL
+    SELECT run_id, rank, sent_ns, final, coalesce(collectives, '') AS collectives FROM heartbeats
+    WHERE sent_ns > $now - $window
+), changes AS (
+    SELECT *, collectives IS DISTINCT FROM lag(collectives) OVER (PARTITION BY run_id, rank ORDER BY sent_ns)
+              AS changed
+    FROM recent
+), ranks AS (
+    SELECT run_id, rank, max(sent_ns) AS last_ns, bool_or(final) AS final,
+           max(sent_ns) FILTER (WHERE changed) AS progressed_ns
+    FROM changes GROUP BY ALL
 )
-SELECT * FROM progress
+SELECT run_id, list(rank ORDER BY rank) AS ranks, list(last_ns ORDER BY rank) AS last_ns,
+       list(final ORDER BY rank) AS final, list(progressed_ns ORDER BY rank) AS progressed_ns
+FROM ranks GROUP BY run_id
+HAVING max(last_ns) > $now - $dead AND NOT bool_and(final)
+"""
+
+_STACK_SQL = """
+SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND cat = 'rankstream'
+  AND name IN ('idle_outside_collectives', 'stalled_in_collective') ORDER BY ts_ns DESC LIMIT 1
 """
 
 
-@dataclass
-class LiveFinding:
-    run_id: str
-    kind: str
-    pg_name: str | None
-    seq: int | None
-    op: str | None
-    since_ns: int
-    culprit_ranks: list[int]
-    waiting_ranks: list[int]
-    detail: dict
+def _key(run_id: str, f: Finding) -> tuple:
+    return (run_id, f.kind, tuple(f.culprit_ranks), f.group, f.seq)
 
 
-def _dead_ranks(con, now_ns: int, dead_ns: int) -> list[LiveFinding]:
-    rows = con.sql("""
-        WITH latest AS (
-            SELECT * FROM heartbeats WHERE sent_ns > $now - $window
-            QUALIFY row_number() OVER (PARTITION BY run_id, rank ORDER BY sent_ns DESC) = 1
-        ), alive AS (
-            SELECT run_id FROM latest GROUP BY run_id HAVING max(sent_ns) > $now - $dead
-        )
-        SELECT l.run_id, list(l.rank ORDER BY l.rank) AS ranks, min(l.sent_ns) AS since,
-               (SELECT list(rank ORDER BY rank) FROM latest o WHERE o.run_id = l.run_id AND o.sent_ns > $now - $dead)
-                   AS alive_ranks
-        FROM latest l JOIN alive USING (run_id)
-        WHERE l.sent_ns <= $now - $dead AND NOT l.final GROUP BY l.run_id
-    """, params={"now": now_ns, "dead": dead_ns, "window": _WINDOW_NS}).fetchall()
-    return [LiveFinding(run, "dead_rank", None, None, None, since, ranks, alive,
-                        {"last_heartbeat_age_s": round((now_ns - since) / 1e9, 1)})
-            for run, ranks, since, alive in rows]
-
-
-def detect(con: duckdb.DuckDBPyConnection, now_ns: int | None = None, stall_s: float = 5.0,
-           dead_s: float = 5.0) -> list[LiveFinding]:
-    """Current hangs and dead ranks of the runs still heartbeating."""
+def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, stall_s: float = 5.0,
+               dead_s: float = 5.0) -> list[tuple[str, Finding]]:
+    """One pass over the active runs: their current findings, ``(run_id, finding)``."""
     now_ns = time.time_ns() if now_ns is None else now_ns
-    stall_ns, dead_ns = int(stall_s * 1e9), int(dead_s * 1e9)
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _progress AS {PROGRESS_SQL}",
-                {"now": now_ns, "dead": dead_ns, "window": _WINDOW_NS})
-    dead = _dead_ranks(con, now_ns, dead_ns)
-    dead_ranks = {(f.run_id, r) for f in dead for r in f.culprit_ranks}
-    groups = con.sql("""
-        WITH latest AS (
-            SELECT * FROM _progress QUALIFY row_number() OVER (PARTITION BY run_id, rank, pg ORDER BY sent_ns DESC) = 1
-        ), heads AS (
-            SELECT run_id, pg, max(enqueued) AS head FROM latest GROUP BY ALL
-        ), reached AS (   -- when the head was first reported: the group has not moved since
-            SELECT p.run_id, p.pg, min(p.sent_ns) AS since FROM _progress p JOIN heads h USING (run_id, pg)
-            WHERE p.enqueued = h.head GROUP BY ALL
-        )
-        SELECT h.run_id, h.pg, h.head, r.since,
-               list(l.rank ORDER BY l.rank) FILTER (WHERE l.enqueued = h.head) AS waiting,
-               coalesce(list(l.rank ORDER BY l.rank) FILTER (WHERE l.enqueued < h.head), []) AS behind
-        FROM heads h JOIN reached r USING (run_id, pg) JOIN latest l USING (run_id, pg)
-        WHERE r.since <= $now - $stall GROUP BY ALL
-        -- somebody is behind the head, or somebody has not completed it (a group idle between
-        -- collectives, every member done with the last one, is not hung)
-        HAVING count(*) FILTER (WHERE l.enqueued < h.head OR coalesce(l.completed, h.head) < h.head) > 0
-    """, params={"now": now_ns, "stall": stall_ns}).fetchall()
-    findings = []
-    for run_id, pg, head, since, waiting, behind in groups:
-        entries = con.execute("SELECT rank, any_value(split_part(profiling_name, ':', 2)), min(time_created_ns) "
-                              "FROM fr_entries WHERE run_id = ? AND pg_name = ? AND collective_seq_id = ? GROUP BY rank",
-                              [run_id, pg, head]).fetchall()
-        ops = {rank: op for rank, op, _ in entries}
-        created = min((c for _, _, c in entries if c is not None), default=None)
-        if behind:
-            kind, culprits = "hang", [r for r in behind if (run_id, r) not in dead_ranks] or behind
-            op = next((ops[r] for r in waiting if r in ops), None)
-        else:
-            kind, op, culprits, waiting = _at_the_head(ops, waiting)
-        details = {str(rank): {**_rank_detail(con, run_id, rank, pg), **({"op": ops[rank]} if rank in ops else {})}
-                   for rank in culprits}
-        findings.append(LiveFinding(run_id, kind, pg, head, op, created or since, culprits, waiting, details))
-    con.execute("DROP TABLE IF EXISTS _progress")
-    return findings + dead
+    database = Database.over(con, "live database")
+    found = []
+    for run_id, ranks, last_ns, final, progressed_ns in con.execute(ACTIVE_RUNS_SQL, {
+            "now": now_ns, "window": _WINDOW_NS, "dead": int(dead_s * 1e9)}).fetchall():
+        dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
+        moved = {r: p or 0 for r, p in zip(ranks, progressed_ns)}
+        has_entries = con.execute("SELECT count(*) > 0 FROM fr_entries WHERE run_id = ?", [run_id]).fetchall()[0][0]
+        if not has_entries:
+            continue
+        report = diagnose_stored(database, run_id, dead=dead)
+        for finding in report.findings:
+            involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
+            settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved if r not in dead)
+            if (finding.in_flight or finding.kind == "dead_rank") and not settled:
+                continue
+            if not finding.stack and finding.culprit_ranks:
+                finding.stack = _published_stack(con, run_id, finding.culprit_ranks[0])
+            found.append((run_id, finding))
+    return found
 
 
-def _at_the_head(ops: dict[int, str], members: list[int]) -> tuple[str, str | None, list[int], list[int]]:
-    """Every member reached the head and it is not done: (kind, op, culprits, waiting). The op most
-    members issued is the one the group waits in; the ranks that issued another are the culprits,
-    unless no op has a strict majority."""
-    counts: dict[str, int] = {}
-    for rank in members:
-        if rank in ops:
-            counts[ops[rank]] = counts.get(ops[rank], 0) + 1
-    if len(counts) <= 1:
-        return "stuck_collective", next(iter(counts), None), [], members
-    op, votes = max(counts.items(), key=lambda item: item[1])
-    if votes * 2 <= sum(counts.values()):
-        return "mismatched_collective", None, [], members
-    return ("mismatched_collective", op, [r for r in members if r in ops and ops[r] != op],
-            [r for r in members if ops.get(r) == op])
-
-
-def _rank_detail(con, run_id: str, rank: int, pg: str) -> dict:
-    progress = con.execute("SELECT enqueued, completed, sent_ns FROM _progress WHERE run_id = ? AND rank = ? AND pg = ? "
-                           "ORDER BY sent_ns DESC LIMIT 1", [run_id, rank, pg]).fetchone()
-    stack = con.execute("SELECT args FROM trace_events WHERE run_id = ? AND rank = ? AND cat = 'rankstream' "
-                        "AND name IN ('idle_outside_collectives', 'stalled_in_collective') ORDER BY ts_ns DESC LIMIT 1",
-                        [run_id, rank]).fetchone()
-    frames = json.loads(stack[0]).get("frames", [])[:8] if stack and stack[0] else []
-    return {"last_enqueued": progress[0] if progress else None, "last_completed": progress[1] if progress else None,
-            "last_heartbeat_ns": progress[2] if progress else None, "frames": frames}
+def _published_stack(con, run_id: str, rank: int) -> list[dict]:
+    """The stack the rank's Flight Recorder tap published when its groups stopped moving."""
+    rows = con.execute(_STACK_SQL, {"run": run_id, "rank": rank}).fetchall()
+    return json.loads(rows[0][0]).get("frames", [])[:20] if rows and rows[0][0] else []
 
 
 class HangWatch:
-    """Runs ``detect`` every ``interval_s`` on its own cursor and keeps ``live_findings`` current."""
+    """Runs ``watch_pass`` every ``interval_s`` on its own cursor and keeps the episodes."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, interval_s: float = 2.0, stall_s: float = 5.0,
                  dead_s: float = 5.0) -> None:
@@ -171,6 +101,7 @@ class HangWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rankstream-hang-watch", daemon=True)
         self.passes = 0
+        self.failures = 0
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -184,17 +115,46 @@ class HangWatch:
         while not self._stop.wait(self._interval):
             try:
                 self.check()
-            except duckdb.Error as exc:  # a write conflict with the committer: try again next pass
-                self.last_error = str(exc)
+            except duckdb.Error as exc:  # counted, and shown by status; the next pass tries again
+                self.failures += 1
+                self.last_error = str(exc)[:300]
 
-    def check(self) -> list[LiveFinding]:
-        findings = detect(self._cursor, stall_s=self._stall, dead_s=self._dead)
-        cursor = self._cursor
-        with transaction(cursor):
-            cursor.execute("DELETE FROM live_findings")
-            for f in findings:
-                cursor.execute("INSERT INTO live_findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               [f.run_id, time.time_ns(), f.kind, f.pg_name, f.seq, f.op, f.since_ns,
-                                f.culprit_ranks, f.waiting_ranks, json.dumps(f.detail)])
+    def check(self, now_ns: int | None = None) -> list[tuple[str, Finding]]:
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
+        record_episodes(self._cursor, found, now_ns)
         self.passes += 1
-        return findings
+        return found
+
+
+def record_episodes(cursor, found: list[tuple[str, Finding]], now_ns: int) -> None:
+    """Open an episode for each new finding, extend the ones still found, close the others."""
+    with transaction(cursor):
+        open_rows = cursor.execute("SELECT run_id, kind, culprit_ranks, pg_name, seq FROM live_findings "
+                                   "WHERE cleared_ns IS NULL").fetchall()
+        still = {_key(run, f) for run, f in found}
+        for run_id, kind, culprits, group, seq in open_rows:
+            key = (run_id, kind, tuple(culprits or ()), group, seq)
+            if key not in still:
+                cursor.execute("UPDATE live_findings SET cleared_ns = $now WHERE run_id = $run AND kind = $kind "
+                               "AND culprit_ranks IS NOT DISTINCT FROM $culprits AND pg_name IS NOT DISTINCT FROM "
+                               "$group AND seq IS NOT DISTINCT FROM $seq AND cleared_ns IS NULL",
+                               {"now": now_ns, "run": run_id, "kind": kind, "culprits": culprits, "group": group,
+                                "seq": seq})
+        opened = {(run, kind, tuple(c or ()), g, s) for run, kind, c, g, s in open_rows}
+        for run_id, f in found:
+            values = {"run": run_id, "kind": f.kind, "culprits": f.culprit_ranks, "group": f.group, "seq": f.seq,
+                      "now": now_ns}
+            if _key(run_id, f) in opened:
+                cursor.execute("UPDATE live_findings SET last_seen_ns = $now, waiting_ranks = $waiting "
+                               "WHERE run_id = $run AND kind = $kind AND culprit_ranks IS NOT DISTINCT FROM $culprits "
+                               "AND pg_name IS NOT DISTINCT FROM $group AND seq IS NOT DISTINCT FROM $seq "
+                               "AND cleared_ns IS NULL", {**values, "waiting": f.waiting_ranks})
+            else:
+                cursor.execute("INSERT INTO live_findings BY NAME SELECT $run AS run_id, $kind AS kind, "
+                               "$culprits::INTEGER[] AS culprit_ranks, $group AS pg_name, $desc AS pg_desc, "
+                               "$seq AS seq, $now AS first_seen_ns, $now AS last_seen_ns, "
+                               "$waiting::INTEGER[] AS waiting_ranks, $detail AS detail, $evidence AS evidence, "
+                               "$stack AS stack",
+                               {**values, "desc": f.group_desc, "waiting": f.waiting_ranks, "detail": f.headline(),
+                                "evidence": json.dumps(f.evidence), "stack": json.dumps(f.stack)})

@@ -15,10 +15,11 @@ from rankstream.schemas.errors import BadInput
 from rankstream.flows.breakdown import analyze_breakdown
 from rankstream.flows.comms import analyze_communication
 from rankstream.flows.clocks import align_clocks
+from rankstream.flows.collective_analysis import diagnose_run, episode_line
 from rankstream.flows.run_tables import require_run
 from rankstream.flows.steps import analyze_steps
 
-__all__ = ["ANALYSES", "analyze_everything", "finished_runs_to_analyze"]
+__all__ = ["ANALYSES", "analyze_everything", "finished_runs_to_analyze", "diagnose_run", "episode_line"]
 
 #: name -> function(db_path, run_id); the order is the dependency order.
 ANALYSES = {
@@ -48,11 +49,10 @@ def analyze_everything(db_path: Path, run_id: str, collectives: bool = True,
                 started = time.perf_counter()
                 analysis(database, run_id)
                 seconds[name] = time.perf_counter() - started
-    if collectives and only is None and connect(db_path).fetchall("SELECT count(*) > 0 FROM fr_entries WHERE run_id = $1", [run_id])[0][0]:
-        from rankstream.flows.diagnose import analyze_stored
-
+    has_entries = "SELECT count(*) > 0 FROM fr_entries WHERE run_id = $1"
+    if collectives and only is None and connect(db_path).fetchall(has_entries, [run_id])[0][0]:
         started = time.perf_counter()
-        analyze_stored(db_path, run_id)
+        diagnose_run(db_path, run_id)
         seconds["collectives"] = time.perf_counter() - started
     return seconds
 

@@ -1,7 +1,7 @@
 """Prefect flows over the plain analysis functions, for scheduled and triggered use.
 
 The logic lives in plain functions (``flows.clocks``, ``flows.steps``, ``flows.comms``,
-``flows.breakdown``, ``flows.timeline``, ``flows.diagnose``); these flows only wrap them as tasks.
+``flows.breakdown``, ``flows.timeline``, ``flows.collective_analysis``); these flows only wrap them as tasks.
 Tasks pass the database path, run ids and file names, never rows: every analysis reads its inputs
 from DuckDB and writes its result tables there (through the materializer's query server while it
 runs). Prefect is imported only here and in ``rankstream.schedules``, so nothing else needs it.
@@ -16,7 +16,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from rankstream.flows.diagnose import analyze_stored
+from rankstream.flows.collective_analysis import diagnose_run as diagnose_stored_run
 from rankstream.flows.pipeline import ANALYSES, finished_runs_to_analyze
 
 __all__ = ["collective_diagnosis", "clock_alignment", "step_analysis", "communication_analysis", "breakdown_analysis",
@@ -56,7 +56,8 @@ def analysis_task(db_path: str, run_id: str, analysis: str) -> str:
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 def diagnose_run(db_path: str, run_id: str) -> dict:
     """One run's collective report (see ``rankstream analyze collectives --json``)."""
-    return analyze_stored(Path(db_path), run_id).as_json()
+    report, episodes = diagnose_stored_run(Path(db_path), run_id)
+    return {**report.as_json(), "episodes": episodes}
 
 
 @task(cache_policy=NO_CACHE)

@@ -108,7 +108,7 @@ WITH placed AS (
            (SELECT min(c.start_ns) FROM run_fr_calls($run) c WHERE c.pg_name = f.pg_name AND c.seq = f.seq) AS ts_ns
     FROM findings f WHERE f.run_id = $run
     UNION ALL
-    SELECT NULL, 'live_' || kind, pg_name, seq, culprit_ranks, detail, since_ns - coalesce(
+    SELECT NULL, 'live_' || kind, pg_name, seq, culprit_ranks, detail, first_seen_ns - coalesce(
            (SELECT offset_ns FROM rank_offsets($run) WHERE rank = culprit_ranks[1]), 0)
     FROM live_findings WHERE run_id = $run
 )

@@ -81,30 +81,18 @@ def collect_status(config: Config) -> dict[str, Any]:
 
 
 def live_findings(database, run_id: str | None = None) -> list[dict]:
-    """The hang watch's current findings (of one run, or all), with how long each has lasted."""
+    """The hang watch's episodes still going on (of one run, or all), with how long each has lasted."""
     return database.arrow(
-        "SELECT run_id, kind, pg_name, seq, op, culprit_ranks, waiting_ranks, "
-        "round((detected_ns - since_ns) / 1e9, 1) AS for_s, detail "
-        "FROM live_findings WHERE $run IS NULL OR run_id = $run "
-        "ORDER BY run_id, kind, pg_name", {"run": run_id}).to_pylist()
+        "SELECT run_id, kind, pg_name, seq, culprit_ranks, waiting_ranks, detail, "
+        "round((last_seen_ns - first_seen_ns) / 1e9, 1) AS for_s FROM live_findings "
+        "WHERE cleared_ns IS NULL AND ($run IS NULL OR run_id = $run) ORDER BY run_id, first_seen_ns",
+        {"run": run_id}).to_pylist()
 
 
 def live_finding_line(finding: dict) -> str:
-    """One line of console markup for a live finding."""
-    where = (f"run {finding['run_id']}: ranks {finding['waiting_ranks']} wait in {finding['op'] or 'collective'} "
-             f"#{finding['seq']} of group {finding['pg_name']} for {finding['for_s']} s")
-    if finding["kind"] == "hang":
-        return f"[bold red]HANG[/] {where}; ranks {finding['culprit_ranks']} never reached it"
-    if finding["kind"] == "mismatched_collective":
-        detail = json.loads(finding.get("detail") or "{}")
-        issued = ", ".join(f"rank {rank} issued {detail.get(str(rank), {}).get('op', '?')}"
-                           for rank in finding["culprit_ranks"])
-        return (f"[bold red]HANG[/] {where}; at that sequence number "
-                + (f"{issued} instead" if issued else "no op has a majority"))
-    if finding["kind"] == "stuck_collective":
-        return f"[bold red]STUCK[/] {where}; every member is in it and it has not completed"
-    return f"[bold red]DEAD[/] run {finding['run_id']}: ranks {finding['culprit_ranks']} stopped heartbeating " \
-           f"{finding['for_s']} s ago"
+    """One line of console markup for a live episode."""
+    label = {"dead_rank": "DEAD", "straggler": "SLOW"}.get(finding["kind"], "HANG")
+    return f"[bold red]{label}[/] run {finding['run_id']}: {finding['detail']} (for {finding['for_s']} s)"
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:

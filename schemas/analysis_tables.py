@@ -20,20 +20,32 @@ FINDINGS = Table("findings", "The collective diagnosis of a run (rankstream anal
     C("kind", "VARCHAR", "skipped_collective, type_mismatch, stuck_in_collective, ...", not_null=True),
     C("pg_name", "VARCHAR"), C("pg_desc", "VARCHAR"),
     C("seq", "BIGINT", "collective_seq_id (p2p_seq_id for p2p findings)"),
-    C("culprit_ranks", "INTEGER[]"), C("ranks_involved", "INTEGER[]"),
-    C("expected", "VARCHAR", "JSON"), C("actual", "VARCHAR", "JSON"), C("detail", "VARCHAR"),
+    C("culprit_ranks", "INTEGER[]"),
+    C("waiting_ranks", "INTEGER[]", "ranks blocked because of it"),
+    C("expected", "VARCHAR", "JSON"), C("actual", "VARCHAR", "JSON"),
+    C("detail", "VARCHAR", "the finding in one line"),
+    C("evidence", "VARCHAR", "JSON list: what decided the culprit"),
+    C("explains", "VARCHAR", "JSON list: the findings this one explains"),
+    C("stack", "VARCHAR", "JSON: the culprit's Python stack at that entry, innermost first"),
+    C("in_flight", "BOOLEAN", "the collective never completed (the hang point)"),
 ))
 
-LIVE_FINDINGS = Table("live_findings", "Written every couple of seconds by the live hang watch beside the "
-                      "materializer: the current hangs and dead ranks of runs still heartbeating.", (
+LIVE_FINDINGS = Table("live_findings", "Episodes the live hang watch found while runs were running: one row per "
+                      "finding, from when it was first seen to when it cleared. Never deleted: a stall that "
+                      "cleared stays on record.", (
     _RUN,
-    C("detected_ns", "BIGINT", not_null=True),
     C("kind", "VARCHAR", not_null=True),
-    C("pg_name", "VARCHAR"), C("seq", "BIGINT", "the collective the other ranks wait in"), C("op", "VARCHAR"),
-    C("since_ns", "BIGINT", "when the group stopped progressing (or the last heartbeat)"),
-    C("culprit_ranks", "INTEGER[]"), C("waiting_ranks", "INTEGER[]"),
-    C("detail", "VARCHAR", "JSON: each culprit's last enqueued/completed, heartbeat, stack"),
-))
+    C("culprit_ranks", "INTEGER[]"),
+    C("pg_name", "VARCHAR"), C("pg_desc", "VARCHAR"),
+    C("seq", "BIGINT", "the collective (or p2p op) at fault"),
+    C("first_seen_ns", "BIGINT", not_null=True),
+    C("last_seen_ns", "BIGINT", not_null=True),
+    C("cleared_ns", "BIGINT", "when it was no longer found (NULL: still going on)"),
+    C("waiting_ranks", "INTEGER[]"),
+    C("detail", "VARCHAR", "the finding in one line"),
+    C("evidence", "VARCHAR", "JSON list"),
+    C("stack", "VARCHAR", "JSON: the culprit's stack (Flight Recorder, or the stack its rank published)"),
+), obsolete=("detected_ns",))  # the earlier shape held only the current findings
 
 CLOCK_OFFSETS = Table("clock_offsets", "Per-rank clock offsets: the rank's clock minus the reference rank's, from "
                       "every source that had data; the one used for alignment has chosen = true.", (

@@ -34,6 +34,9 @@ class Table:
     doc: str
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...] = ()
+    #: Columns of an older shape that cannot be upgraded in place: a file whose table has one is
+    #: given the table anew (only for tables whose old rows need not be kept).
+    obsolete: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -56,7 +59,10 @@ class Table:
 
     def upgrade_sql(self, existing: set[str]) -> str:
         """What a database written before some of the columns existed needs: those columns added
-        (NULL in the old rows; inserts go by name, so the order does not matter)."""
+        (NULL in the old rows; inserts go by name, so the order does not matter), or the table
+        made anew when it has an obsolete shape."""
+        if set(self.obsolete) & existing:
+            return f"DROP TABLE {self.name};\n" + self.ddl()
         return "".join(f"ALTER TABLE {self.name} ADD COLUMN {c.name} {c.type};\n"
                        for c in self.columns if c.name not in existing)
 

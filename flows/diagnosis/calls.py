@@ -19,7 +19,7 @@ __all__ = ["Calls", "collective_calls"]
 
 @dataclass
 class Calls:
-    """Sorted by (group, seq, rank). ``value`` encodes (op, shape, dtype) as one integer so that
+    """Sorted by (group, seq, rank). ``value`` numbers each distinct (op, shape, dtype) so that
     "the ranks agree" is one comparison; ``op``/``shape``/``dtype`` say what differs."""
 
     group: np.ndarray
@@ -34,18 +34,16 @@ class Calls:
     started: np.ndarray
     completed: np.ndarray
     record: np.ndarray
-    #: How ``value`` packs the codes: ``(op * shape_base + shape) * dtype_base + dtype``.
-    shape_base: int = 1
-    dtype_base: int = 1
+    #: ``parts[value]`` is the (op, shape, dtype) codes of a value.
+    parts: np.ndarray
 
     def __len__(self) -> int:
         return len(self.rank)
 
     def unpack(self, value: int) -> tuple[int, int, int]:
         """``value`` as (op, shape, dtype) codes."""
-        rest, dtype = divmod(int(value), self.dtype_base)
-        op, shape = divmod(rest, self.shape_base)
-        return op, shape, dtype
+        op, shape, dtype = self.parts[int(value)]
+        return int(op), int(shape), int(dtype)
 
 
 def collective_calls(entries: Entries) -> Calls:
@@ -62,15 +60,15 @@ def collective_calls(entries: Entries) -> Calls:
         op, shape, dtype = _coalesce(part, starts)
     else:
         op, shape, dtype = op[starts], shape[starts], dtype[starts]
-    vocab = part.vocabulary
-    shape_base, dtype_base = len(vocab.shapes) + 1, len(vocab.dtypes) + 1
-    value = (op.astype(np.int64) * shape_base + shape) * dtype_base + dtype
+    triples = np.stack([op.astype(np.int64), shape.astype(np.int64), dtype.astype(np.int64)], axis=1)
+    parts, value = np.unique(triples, axis=0, return_inverse=True) if len(triples) else (triples, np.zeros(0, np.int64))
+    value = value.reshape(-1)
     return Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
                  value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
                  created=part.created[starts],
                  started=part.started[starts],
                  completed=np.maximum.reduceat(part.completed, starts) if len(part) else part.completed,
-                 record=part.record[starts], shape_base=shape_base, dtype_base=dtype_base)
+                 record=part.record[starts], parts=parts)
 
 
 def _coalesce(part: Entries, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

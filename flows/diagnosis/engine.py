@@ -391,6 +391,9 @@ def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Findin
     last = seqs.last_seq().get(rank)
     evidence = [f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
                 f"; its peers wait in #{where.seq}"]
+    now = [p for p in graph.waiting if p.rank == rank]
+    if now:
+        evidence.append(f"rank {rank} went on: it is now in {_where(run, now[0])}")
     seq, stretch = _origin(run, rank, seqs, where.seq, evidence)
     return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                    seq=seq, seq_range=stretch, expected=run.describe(expected), waiting_ranks=waiting, in_flight=seq == where.seq,

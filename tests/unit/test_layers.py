@@ -17,9 +17,12 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 @pytest.fixture(scope="module")
 def installed_copy(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("copy")
+    source, target = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("copy")
+    # built from a copy, so the build leaves nothing in the checkout
+    shutil.copytree(ROOT, source, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", ".rankstream"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, capture_output=True)
+                    "--target", str(target), str(source)], check=True, capture_output=True)
     return target
 
 

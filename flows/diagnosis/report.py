@@ -1,0 +1,126 @@
+"""The diagnosis as users get it: from a dump directory or a stored run, as text or JSON.
+
+``rankstream diagnose DIR`` and ``rankstream analyze collectives --run R`` both end here, with
+the same engine and the same report: the root cause in one line first, then the details. The
+stored path also writes the ``findings`` table, so SQL, the timeline and the report see them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rankstream.flows.diagnosis.engine import Diagnosis, diagnose
+from rankstream.flows.diagnosis.findings import Finding
+from rankstream.flows.diagnosis.loader import load_directory, stack_at
+from rankstream.flows.diagnosis.stored import load_stored
+from rankstream.schemas.errors import BadInput
+
+__all__ = ["Report", "diagnose_directory", "diagnose_stored", "findings_statements"]
+
+
+@dataclass
+class Report:
+    run_id: str
+    diagnosis: Diagnosis
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.diagnosis.findings
+
+    @property
+    def verdict(self) -> str:
+        return self.diagnosis.verdict
+
+    @property
+    def root_cause(self) -> str | None:
+        root = self.diagnosis.root
+        return f"root cause: {root.headline()}" if root else None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict == "healthy" else 1
+
+    def as_json(self) -> dict:
+        d = self.diagnosis
+        return {"run_id": self.run_id, "verdict": self.verdict, "root_cause": self.root_cause,
+                "findings": [f.as_json() for f in d.findings], "ranks": d.ranks, "world_size": d.world,
+                "missing_ranks": d.missing}
+
+
+def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks: set[int] | None = None,
+                       pg_filters: set[str] | None = None, mismatch_cap: int | None = None,
+                       stacks: bool = True) -> Report:
+    """Every dump of ``directory`` (``<prefix><rank>``), diagnosed; the culprits' stacks are read
+    from their own dumps afterwards."""
+    started = time.perf_counter()
+    loaded = load_directory(directory, prefix, selected_ranks=selected_ranks, pg_filters=pg_filters)
+    read = time.perf_counter()
+    result = diagnose(loaded.entries, listed=loaded.listed, dumped=sorted(loaded.files))
+    _cap(result, mismatch_cap)
+    if stacks:
+        for finding in result.findings:
+            for rank in finding.culprit_ranks[:1]:
+                if rank in loaded.files:
+                    finding.stack = stack_at(loaded.files[rank], finding.group, finding.seq)
+    return Report(f"fr-{directory.resolve().name}", result,
+                  {"read": read - started, "diagnose": time.perf_counter() - read})
+
+
+def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, dead: set[int] = frozenset(),
+                    clock_error_ns: int = 0) -> Report:
+    """A run in the database (live or imported). ``dead``: ranks known to have died (live: their
+    heartbeats stopped), which are then named as such rather than as missing dumps."""
+    started = time.perf_counter()
+    stored = load_stored(database, run_id)
+    if not len(stored.entries):
+        raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
+    read = time.perf_counter()
+    dumped = [rank for rank in stored.dumped if rank not in dead]
+    result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns)
+    for finding in result.findings:
+        if finding.kind in ("missing_dump", "skipped_collective") and set(finding.culprit_ranks) <= set(dead):
+            finding.kind = "dead_rank"
+            finding.evidence.insert(0, f"rank(s) {finding.culprit_ranks} stopped sending heartbeats")
+    _cap(result, mismatch_cap)
+    for finding in result.findings:
+        if finding.culprit_ranks and finding.group is not None:
+            finding.stack = _stored_stack(database, run_id, finding)
+    return Report(run_id, result, {"read": read - started, "diagnose": time.perf_counter() - read})
+
+
+def _stored_stack(database, run_id: str, finding: Finding) -> list[dict]:
+    rows = database.fetchall(
+        "SELECT frames FROM fr_entries WHERE run_id = $run AND rank = $rank AND pg_name = $group AND frames IS NOT NULL "
+        "AND (collective_seq_id = $seq OR p2p_seq_id = $seq OR $seq IS NULL) ORDER BY snapshot_ns DESC LIMIT 1",
+        {"run": run_id, "rank": finding.culprit_ranks[0], "group": finding.group, "seq": finding.seq})
+    return list(rows[0][0])[:20] if rows and rows[0][0] else []
+
+
+def _cap(result: Diagnosis, mismatch_cap: int | None) -> None:
+    if mismatch_cap is not None:
+        result.findings = result.findings[:max(1, mismatch_cap)]
+
+
+def findings_statements(report: Report) -> list[tuple[str, dict]]:
+    """The statements that replace the run's rows of ``findings`` (one transaction, see ``run_tables``)."""
+    rows = [{"run_id": report.run_id, "position": i, "kind": f.kind, "pg_name": f.group, "pg_desc": f.group_desc,
+             "seq": f.seq, "culprit_ranks": f.culprit_ranks, "waiting_ranks": f.waiting_ranks,
+             "expected": json.dumps(f.expected, default=str), "actual": json.dumps(f.actual, default=str),
+             "detail": f.headline(), "evidence": json.dumps(f.evidence), "explains": json.dumps(f.explains),
+             "stack": json.dumps(f.stack), "in_flight": f.in_flight}
+            for i, f in enumerate(report.findings)]
+    return [("DELETE FROM findings WHERE run_id = $run", {"run": report.run_id})] + ([(INSERT_FINDINGS_SQL, {
+        "rows": json.dumps(rows)})] if rows else [])
+
+
+INSERT_FINDINGS_SQL = """
+INSERT INTO findings BY NAME
+SELECT unnest(from_json($rows, '[{"run_id": "VARCHAR", "position": "INTEGER", "kind": "VARCHAR",
+    "pg_name": "VARCHAR", "pg_desc": "VARCHAR", "seq": "BIGINT", "culprit_ranks": "INTEGER[]",
+    "waiting_ranks": "INTEGER[]", "expected": "VARCHAR", "actual": "VARCHAR", "detail": "VARCHAR",
+    "evidence": "VARCHAR", "explains": "VARCHAR", "stack": "VARCHAR", "in_flight": "BOOLEAN"}]'), recursive := true)
+"""

@@ -1,0 +1,69 @@
+"""Commands that bring data in and get it out: ``import fr``, ``import trace``, ``sql``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from rankstream.cli.app import app, config, console, import_app, server_module
+
+
+def _report_import(summary) -> None:
+    ranks = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(summary.ranks.items()))
+    console.print(f"imported into run {summary.run_id!r}: {ranks} ({summary.messages} messages)")
+
+
+@import_app.command("fr", epilog="Example: rankstream import fr dumps/ --prefix rank_ --run job-42")
+def import_fr_command(
+    directory: Path = typer.Argument(..., help="Folder of per-rank Flight Recorder dumps (pickle or JSON)."),
+    prefix: str = typer.Option("rank", "--prefix", "-p", help="File name prefix before the rank, as fr_trace's."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run id to file the data under (default fr-<folder>)."),
+) -> None:
+    """Import per-rank FR dumps (NCCL or gloo, torch 2.x); pickles are read without running code."""
+    _report_import(server_module("consumers.imports").import_fr(config(), directory, prefix=prefix, run_id=run))
+
+
+@import_app.command("trace", epilog="Example: rankstream import trace rank0.json rank1.json.gz --run job-42")
+def import_trace_command(
+    files: list[Path] = typer.Argument(..., help="Chrome/Kineto trace files (.json or .json.gz)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Run id to file the data under."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
+) -> None:
+    """Import torch.profiler / Kineto, Composer and generic Chrome traces, streamed."""
+    _report_import(server_module("consumers.imports").import_traces(config(), files, run_id=run, rank=rank))
+
+
+def print_table(table, output: str) -> None:
+    rows = table.to_pylist()
+    if output == "json":
+        sys.stdout.write(json.dumps(rows, default=str) + "\n")
+    elif output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(table.column_names)
+        writer.writerows([[row[name] for name in table.column_names] for row in rows])
+    else:
+        view = Table(*table.column_names, show_lines=False)
+        for row in rows:
+            view.add_row(*["" if v is None else str(v) for v in row.values()])
+        console.print(view)
+        console.print(f"{table.num_rows} row(s)", style="dim")
+
+
+@app.command(epilog="Example: rankstream sql \"SELECT rank, count(*) FROM trace_events GROUP BY rank\"")
+def sql(
+    query: str = typer.Argument(..., help="SQL to run."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON array."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print the rows as CSV."),
+    write: bool = typer.Option(False, "--write", help="Allow statements that change the database."),
+    param: list[str] = typer.Option([], "--param", "-p", help="A value for the next ? placeholder."),
+) -> None:
+    """Run SQL against the database, live: through the materializer while it runs."""
+    database = server_module("consumers.query").connect(config().db_path, read_only=not write)
+    table = (database.execute if write else database.arrow)(query, param or None)
+    print_table(table, "json" if as_json else "csv" if as_csv else "table")
