@@ -29,8 +29,8 @@ __all__ = ["HangWatch", "watch_pass", "ACTIVE_RUNS_SQL"]
 
 _WINDOW_NS = 600 * 10**9
 
-#: Runs still going (a heartbeat lately, not every rank said goodbye), with each rank's last
-#: heartbeat and when its collectives' progress last changed.
+#: Runs still going, or that ended without every rank saying goodbye (a rank killed, its peers
+#: failing at once), with each rank's last heartbeat and when its collectives' progress last changed.
 ACTIVE_RUNS_SQL = """
 WITH recent AS (
     SELECT run_id, rank, sent_ns, final, coalesce(collectives, '') AS collectives FROM heartbeats
@@ -47,8 +47,11 @@ WITH recent AS (
 SELECT run_id, list(rank ORDER BY rank) AS ranks, list(last_ns ORDER BY rank) AS last_ns,
        list(final ORDER BY rank) AS final, list(progressed_ns ORDER BY rank) AS progressed_ns
 FROM ranks GROUP BY run_id
-HAVING max(last_ns) > $now - $dead AND NOT bool_and(final)
+HAVING max(last_ns) > $now - $active AND NOT bool_and(final)
 """
+
+#: How long after its last heartbeat a run that did not end cleanly is still judged.
+_ACTIVE_NS = 60 * 10**9
 
 _STACK_SQL = """
 SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND cat = 'rankstream'
@@ -61,19 +64,20 @@ def _key(run_id: str, f: Finding) -> tuple:
 
 
 def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, stall_s: float = 5.0,
-               dead_s: float = 5.0) -> list[tuple[str, Finding]]:
-    """One pass over the active runs: their current findings, ``(run_id, finding)``."""
+               dead_s: float = 5.0) -> tuple[set[str], list[tuple[str, Finding]]]:
+    """One pass over the active runs: the runs judged, and their current findings ``(run_id, finding)``."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     database = Database.over(con, "live database")
-    found = []
+    found, judged = [], set()
     for run_id, ranks, last_ns, final, progressed_ns in con.execute(ACTIVE_RUNS_SQL, {
-            "now": now_ns, "window": _WINDOW_NS, "dead": int(dead_s * 1e9)}).fetchall():
+            "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS}).fetchall():
         dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
         moved = {r: p or 0 for r, p in zip(ranks, progressed_ns)}
         has_entries = con.execute("SELECT count(*) > 0 FROM fr_entries WHERE run_id = ?", [run_id]).fetchall()[0][0]
         if not has_entries:
             continue
-        report = diagnose_stored(database, run_id, dead=dead)
+        judged.add(run_id)
+        report = diagnose_stored(database, run_id, dead=dead, live=True)
         for finding in report.findings:
             involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
             settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved if r not in dead)
@@ -82,7 +86,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             if not finding.stack and finding.culprit_ranks:
                 finding.stack = _published_stack(con, run_id, finding.culprit_ranks[0])
             found.append((run_id, finding))
-    return found
+    return judged, found
 
 
 def _published_stack(con, run_id: str, rank: int) -> list[dict]:
@@ -121,21 +125,22 @@ class HangWatch:
 
     def check(self, now_ns: int | None = None) -> list[tuple[str, Finding]]:
         now_ns = time.time_ns() if now_ns is None else now_ns
-        found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
-        record_episodes(self._cursor, found, now_ns)
+        judged, found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
+        record_episodes(self._cursor, judged, found, now_ns)
         self.passes += 1
         return found
 
 
-def record_episodes(cursor, found: list[tuple[str, Finding]], now_ns: int) -> None:
-    """Open an episode for each new finding, extend the ones still found, close the others."""
+def record_episodes(cursor, judged: set[str], found: list[tuple[str, Finding]], now_ns: int) -> None:
+    """Open an episode for each new finding, extend the ones still found, close the others of the
+    runs judged in this pass (a run no longer judged keeps its episodes as they were)."""
     with transaction(cursor):
         open_rows = cursor.execute("SELECT run_id, kind, culprit_ranks, pg_name, seq FROM live_findings "
                                    "WHERE cleared_ns IS NULL").fetchall()
         still = {_key(run, f) for run, f in found}
         for run_id, kind, culprits, group, seq in open_rows:
             key = (run_id, kind, tuple(culprits or ()), group, seq)
-            if key not in still:
+            if key not in still and run_id in judged:
                 cursor.execute("UPDATE live_findings SET cleared_ns = $now WHERE run_id = $run AND kind = $kind "
                                "AND culprit_ranks IS NOT DISTINCT FROM $culprits AND pg_name IS NOT DISTINCT FROM "
                                "$group AND seq IS NOT DISTINCT FROM $seq AND cleared_ns IS NULL",

@@ -29,7 +29,7 @@ from rankstream.flows.diagnosis.groups import Group, find_groups
 from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
 from rankstream.flows.diagnosis.origin import shift_origin
 from rankstream.flows.diagnosis.p2p import unmatched_p2p
-from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
+from rankstream.flows.diagnosis.sequences import GroupSequences, period_of, split_by_group
 from rankstream.flows.diagnosis.stragglers import find_stragglers
 from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past, program_between,
                                               waiting_positions)
@@ -88,8 +88,8 @@ def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int
     """Findings for one run (see the module docstring). ``listed``: group name -> the ranks the
     dumps list; ``dumped``: the ranks that left data."""
     run = _Run(entries, listed, dumped)
-    disagreements = _judged_disagreements(run)
     graph = _wait_graph(run)
+    disagreements = _judged_disagreements(run, {(p.group, p.seq) for p in graph.waiting})
     findings = _mismatch_findings(run, disagreements, graph) + _wait_findings(run, graph, disagreements)
     findings += _state_findings(run, disagreements)
     if not findings:
@@ -102,7 +102,7 @@ def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int
 
 
 # -- 1. matching ------------------------------------------------------------------------------------
-def _judged_disagreements(run: _Run) -> list[Disagreement]:
+def _judged_disagreements(run: _Run, blocked: set[tuple[int, int]]) -> list[Disagreement]:
     found = first_disagreements(run.calls, run.sequences)
     for d in found:  # majorities first: their culprits are evidence for the ties
         decide(d, run.sequences[d.group.code], [], set(), run.describe) if _has_majority(d) else None
@@ -111,7 +111,7 @@ def _judged_disagreements(run: _Run) -> list[Disagreement]:
         seqs = run.sequences[d.group.code]
         if not d.culprits and d.undecided is None:
             decide(d, seqs, siblings_of(seqs, run.sequences), suspects, run.describe)
-        classify(d, seqs, run.describe)
+        classify(d, seqs, run.describe, blocked=(d.group.code, d.seq) in blocked)
     return found
 
 
@@ -192,20 +192,24 @@ def _wait_findings(run: _Run, graph: WaitGraph, disagreements: list[Disagreement
 
 def _legitimate(run: _Run, position: Position) -> bool:
     """Whether the call a rank waits in is one the job issues there: a sibling group issued the
-    same call at that sequence number, or the group's earlier calls predict it."""
+    same call at that sequence number, or the group's earlier calls predict it; and, when nobody
+    else ever got that far in the group, the rank's calls of the group line up with the program
+    (a rank with an extra call earlier is one ahead of everybody)."""
     if position.seq < 0:
         return True
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq).get(position.rank)
     family = siblings_of(seqs, run.sequences)
-    siblings = [s.values_at(position.seq) for s in family]
-    if any(value in values.values() for values in siblings):
+    if any(value in s.values_at(position.seq).values() for s in family):
         return True
-    if family and len(seqs.values_at(position.seq)) == 1:
-        return False  # nobody else, in this group or its siblings, ever issued a call this far
     history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
     predicted = seqs.predicted(history, position.seq)
-    return predicted is None or predicted == value
+    if predicted is not None and predicted != value:
+        return False
+    if family and len(seqs.values_at(position.seq)) == 1:
+        peers = [m for m in seqs.group.members if m != position.rank and m in run.dumped]
+        return shift_origin(run.calls, position.rank, position.group, peers, position.seq) is None
+    return True
 
 
 def _extra_callers(run: _Run, graph: WaitGraph) -> dict[int, Position]:
@@ -230,12 +234,24 @@ def _gone_past(run: _Run, graph: WaitGraph, settled: set[int]) -> dict[int, list
                 continue
             where = (edge.waiter.group, edge.waiter.seq)
             if where not in references:
-                seqs = run.sequences[edge.waiter.group]
-                family = [edge.waiter.group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
-                references[where] = program_between(run.calls, group_desc, family, edge.waiter.seq)
+                references[where] = _program_between(run, group_desc, edge.waiter.group, edge.waiter.seq)
             if gone_past(edge, run.calls, group_desc, references[where]):
                 found.setdefault(edge.target, []).append(edge)
     return found
+
+
+def _program_between(run: _Run, group_desc: dict[int, str], group: int, seq: int) -> Counter:
+    """What the job issues between calls ``seq - 1`` and ``seq`` of a group, from its members and
+    its siblings, and from the same place one and two periods earlier (where only the rank at
+    fault got as far as ``seq``, its own gap would be the only example)."""
+    seqs = run.sequences[group]
+    family = [group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
+    reference = program_between(run.calls, group_desc, family, seq)
+    period = period_of(seqs.consensus())
+    for back in (period, 2 * period) if period else ():
+        if seq - back > 1:
+            reference |= program_between(run.calls, group_desc, family, seq - back)
+    return reference
 
 
 def _where(run: _Run, position: Position) -> str:
@@ -268,7 +284,7 @@ def _extra(run: _Run, graph: WaitGraph, rank: int, position: Position) -> Findin
     return Finding(
         kind="extra_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
         seq=seq, seq_range=stretch, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})),
-        in_flight=seq == position.seq, evidence=evidence)
+        in_flight=True, evidence=evidence)
 
 
 def _origin(run: _Run, rank: int, seqs: GroupSequences, hang_seq: int,
@@ -396,7 +412,7 @@ def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Findin
         evidence.append(f"rank {rank} went on: it is now in {_where(run, now[0])}")
     seq, stretch = _origin(run, rank, seqs, where.seq, evidence)
     return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
-                   seq=seq, seq_range=stretch, expected=run.describe(expected), waiting_ranks=waiting, in_flight=seq == where.seq,
+                   seq=seq, seq_range=stretch, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
                    evidence=evidence)
 
 

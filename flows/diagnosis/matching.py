@@ -56,8 +56,9 @@ def majority(values: dict[int, int]) -> int | None:
     return value if votes * 2 > len(values) else None
 
 
-def classify(d: Disagreement, seqs: GroupSequences, describe) -> None:
-    """Set ``d.kind`` from how the culprits' calls compare with the group's (``d.expected``)."""
+def classify(d: Disagreement, seqs: GroupSequences, describe, *, blocked: bool = True) -> None:
+    """Set ``d.kind`` from how the culprits' calls compare with the group's (``d.expected``).
+    ``blocked``: the group is stuck at ``d.seq`` (a hang), so how far each rank got is evidence."""
     if not d.culprits or d.expected is None:
         d.kind = _kind_of_difference(d, describe)
         return
@@ -70,14 +71,17 @@ def classify(d: Disagreement, seqs: GroupSequences, describe) -> None:
         theirs, theirs_next = seqs.predicted(group, d.seq + i), seqs.predicted(group, d.seq + i + 1)
         skipped += mine is not None and mine == theirs_next
         extra += mine_next is not None and mine_next == theirs
-        aligned += i > 0 and mine is not None and mine == theirs
-    if skipped == extra and skipped:
-        # A repeating pattern fits both shifts; a rank that skipped a call ends one short of its
-        # peers, one with an extra call one ahead.
-        last = seqs.last_seq()
-        peers = sorted(last[r] for r in last if r not in d.culprits)
-        lead = last.get(culprit, 0) - peers[len(peers) // 2] if peers else 0
-        skipped, extra = (skipped + 1, extra) if lead < 0 else (skipped, extra + 1) if lead > 0 else (skipped, extra)
+        aligned += mine_next is not None and mine_next == theirs_next  # the same calls of its, unshifted
+    # In a hang, a rank that skipped a call ends one short of its peers, one with an extra call one
+    # ahead: that decides when its calls fit a shift no better than no shift (alike calls). In a job
+    # that goes on, how far each rank got is only where its latest entries happened to be.
+    last = seqs.last_seq()
+    peers = sorted(last[r] for r in last if r not in d.culprits)
+    lead = last.get(culprit, 0) - peers[len(peers) // 2] if peers and blocked else 0
+    if lead < 0 and skipped and skipped >= max(extra, aligned):
+        skipped = max(extra, aligned) + 2
+    elif lead > 0 and extra and extra >= max(skipped, aligned):
+        extra = max(skipped, aligned) + 2
     # One matching call can be chance (a pattern of two ops fits any shift); two are a shift.
     if skipped > max(extra, aligned) and skipped >= 2:
         d.kind = "skipped_collective"

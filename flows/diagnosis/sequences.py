@@ -16,7 +16,7 @@ import numpy as np
 from rankstream.flows.diagnosis.calls import Calls
 from rankstream.flows.diagnosis.groups import Group
 
-__all__ = ["GroupSequences", "split_by_group"]
+__all__ = ["GroupSequences", "split_by_group", "period_of"]
 
 #: The longest period looked for, in calls.
 _MAX_PERIOD = 96
@@ -108,7 +108,7 @@ class GroupSequences:
         """What the group issued at ``seq``, or, past its calls, what its period predicts."""
         if seq in consensus:
             return consensus[seq]
-        period = _period(consensus)
+        period = period_of(consensus)
         if period is None:
             return None
         for back in range(seq - period, min(consensus, default=seq) - 1, -period):
@@ -117,7 +117,7 @@ class GroupSequences:
         return None
 
 
-def _period(consensus: dict[int, int]) -> int | None:
+def period_of(consensus: dict[int, int]) -> int | None:
     """The shortest period the group's latest agreed calls repeat with (at least two periods seen)."""
     if len(consensus) < 2:
         return None

@@ -28,6 +28,13 @@ SELECT rank, pg_name, coalesce(pg_desc, '') AS pg_desc, coalesce(collective_seq_
        coalesce(time_created_ns, 0) AS created, coalesce(time_discovered_started_ns, 0) AS started,
        coalesce(time_discovered_completed_ns, 0) AS completed, record_id
 FROM fr_entries_latest WHERE run_id = $run
+  AND ($horizon IS NULL OR coalesce(time_created_ns, 0) <= $horizon)
+"""
+
+#: While a run goes on, each rank's ring is read every few seconds, at its own moments: the entries
+#: created after the oldest of the ranks' latest reads are not comparable across ranks yet.
+HORIZON_SQL = """
+SELECT min(last_read) FROM (SELECT max(snapshot_ns) AS last_read FROM fr_entries WHERE run_id = $run GROUP BY rank)
 """
 
 TEXTS_SQL = """
@@ -52,9 +59,11 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
-def load_stored(database, run_id: str) -> StoredRun:
-    """The run's entries, the groups its ranks listed and the ranks that sent any."""
-    table = database.arrow(ENTRIES_SQL, {"run": run_id})
+def load_stored(database, run_id: str, *, live: bool = False) -> StoredRun:
+    """The run's entries, the groups its ranks listed and the ranks that sent any. ``live``: only
+    the entries every rank's latest ring read covers (see ``HORIZON_SQL``)."""
+    horizon = database.fetchall(HORIZON_SQL, {"run": run_id})[0][0] if live else None
+    table = database.arrow(ENTRIES_SQL, {"run": run_id, "horizon": horizon})
     listed = {name: sorted(ranks) for name, ranks in database.fetchall(GROUPS_SQL, {"run": run_id})}
     vocabulary = Vocabulary()
     n = table.num_rows

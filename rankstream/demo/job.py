@@ -16,7 +16,16 @@ Flight Recorder tap on.
 * ``extra``: it issues an extra barrier before the gradient all-reduce;
 * ``straggler``: it sleeps before every step;
 * ``crash``: it is killed with SIGKILL in the middle of the step (after one quiet second, so the
-  events it emitted more than a second before the kill are all that can be expected to survive).
+  events it emitted more than a second before the kill are all that can be expected to survive);
+* ``size``: it all-gathers its activations in another shape (the same number of elements, so gloo
+  passes them and the job goes on, silently wrong, as a mistaken reshape does);
+* ``cross_group``: it skips the all-gather in its pair, so its partner waits there while everyone
+  else waits in the gradient all-reduce for the partner (the culprit is one group away).
+
+With ``dump_flight_recorder``, every rank also writes torch's own Flight Recorder dump when the job
+fails (a collective timed out) or ends, as NCCL's watchdog does on a timeout: ``<report_dir>/dumps/
+rank_<r>``, for ``rankstream diagnose``. The faulty rank notes when it misbehaved (``fault_at_ns``
+in its report), so a test can tell how soon a finding came.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-FAULTS = ("none", "hang", "stall", "desync", "wrong_op", "extra", "straggler", "crash")
+FAULTS = ("none", "hang", "stall", "desync", "wrong_op", "extra", "straggler", "crash", "size", "cross_group")
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,8 @@ class JobSpec:
     straggler_sleep_s: float = 0.15
     #: Where each rank writes a small JSON report (events emitted, the crash moment...).
     report_dir: str = ""
-    #: Also write torch's own final FR dump to ``report_dir/rank<r>.fr`` (to check the tap against).
+    #: Also write torch's own FR dump: ``report_dir/rank<r>.fr`` at the end (to check the tap
+    #: against) and ``report_dir/dumps/rank_<r>`` at the end or when the job fails.
     dump_flight_recorder: bool = False
 
 
@@ -80,20 +90,28 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
     faulty = spec.fault != "none" and rank == spec.fault_rank
     middle = spec.steps // 2
     report: dict = {"rank": rank}
+    if faulty:
+        rankstream.instant("fault_injection_armed", fault=spec.fault, step=middle)
     try:
         with rankstream.profile(wait=1, warmup=1, active=2, repeat=0, record_shapes=True, profile_memory=True) as prof:
             for step in range(spec.steps):
                 rankstream.step(step)
+                if faulty and step == middle:
+                    report["fault_at_ns"] = time.time_ns()
+                    _write_report(spec, report)
                 if faulty and spec.fault == "straggler":
                     time.sleep(spec.straggler_sleep_s)
                 with rankstream.span("data"):
                     inputs, targets = torch.randn(32, 64), torch.randint(0, 10, (32,))
                 with rankstream.span("forward"):
                     hidden = model[1](model[0](inputs))
-                    if my_pair is not None:
+                    if my_pair is not None and not (faulty and step == middle and spec.fault == "cross_group"):
                         with rankstream.span("tp_all_gather"):
-                            gathered = [torch.empty_like(hidden) for _ in range(2)]
-                            dist.all_gather(gathered, hidden.detach(), group=my_pair)
+                            sent = hidden.detach()
+                            if faulty and step == middle and spec.fault == "size":
+                                sent = sent.reshape(sent.shape[1], sent.shape[0]).contiguous()
+                            gathered = [torch.empty_like(sent) for _ in range(2)]
+                            dist.all_gather(gathered, sent, group=my_pair)
                     loss = torch.nn.functional.cross_entropy(model[2](hidden), targets)
                 if faulty and spec.fault == "crash" and step == middle:
                     report["emitted_1s_before_kill"] = session.producer.stats().events_emitted
@@ -127,13 +145,14 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
                 prof.step()
         report["completed"] = True
         if spec.dump_flight_recorder and spec.report_dir:
-            from torch._C._distributed_c10d import _dump_fr_trace
-
-            dump = _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-            Path(spec.report_dir, f"rank{rank}.fr").write_bytes(dump)
+            Path(spec.report_dir, f"rank{rank}.fr").write_bytes(_flight_recorder_dump())
     except Exception as exc:  # a peer hung or died: the collective timed out; record it and leave
         report["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
         rankstream.instant("training_failed", error=report["error"])
+    if spec.dump_flight_recorder and spec.report_dir:
+        dumps = Path(spec.report_dir, "dumps")
+        dumps.mkdir(exist_ok=True)
+        (dumps / f"rank_{rank}").write_bytes(_flight_recorder_dump())
     rankstream.shutdown(timeout_s=15)
     report["events_emitted"] = session.producer.stats().events_emitted
     _write_report(spec, report)
@@ -141,6 +160,14 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+def _flight_recorder_dump() -> bytes:
+    """torch's dump of this rank's ring, without stack traces (which would block while a gloo
+    collective hangs)."""
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    return _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
 
 
 def start_job(spec: JobSpec, environment: dict[str, str]) -> list:
