@@ -69,6 +69,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
     now_ns = time.time_ns() if now_ns is None else now_ns
     database = Database.over(con, "live database")
     found, judged = [], set()
+    failures: list[str] = []
     for run_id, ranks, last_ns, final, progressed_ns in con.execute(ACTIVE_RUNS_SQL, {
             "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS}).fetchall():
         dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
@@ -77,8 +78,14 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
         if not has_entries:
             continue
         judged.add(run_id)
-        report = diagnose_stored(database, run_id, dead=dead, live=True)
+        try:
+            report = diagnose_stored(database, run_id, dead=dead, live=True)
+        except Exception as exc:  # one run's data must not stop the watch over the others: counted
+            failures.append(f"{run_id}: {type(exc).__name__}: {exc}"[:300])
+            continue
         for finding in report.findings:
+            if finding.kind == "straggler":
+                continue  # a matter of timing statistics: the run's report has it, the watch is for faults
             involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
             settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved if r not in dead)
             if (finding.in_flight or finding.kind == "dead_rank") and not settled:
@@ -86,7 +93,17 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             if not finding.stack and finding.culprit_ranks:
                 finding.stack = _published_stack(con, run_id, finding.culprit_ranks[0])
             found.append((run_id, finding))
+    if failures:
+        raise WatchFailed(judged, found, failures)
     return judged, found
+
+
+class WatchFailed(Exception):
+    """Some runs could not be judged; what was judged is carried along."""
+
+    def __init__(self, judged: set[str], found: list, failures: list[str]) -> None:
+        super().__init__("; ".join(failures))
+        self.judged, self.found = judged, found
 
 
 def _published_stack(con, run_id: str, rank: int) -> list[dict]:
@@ -99,8 +116,9 @@ class HangWatch:
     """Runs ``watch_pass`` every ``interval_s`` on its own cursor and keeps the episodes."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, interval_s: float = 2.0, stall_s: float = 5.0,
-                 dead_s: float = 5.0) -> None:
+                 dead_s: float = 5.0, log=print) -> None:
         self._cursor = connection.cursor()
+        self._log = log
         self._interval, self._stall, self._dead = interval_s, stall_s, dead_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rankstream-hang-watch", daemon=True)
@@ -119,13 +137,19 @@ class HangWatch:
         while not self._stop.wait(self._interval):
             try:
                 self.check()
-            except duckdb.Error as exc:  # counted, and shown by status; the next pass tries again
+            except Exception as exc:  # counted and logged; the next pass tries again
                 self.failures += 1
+                if str(exc)[:300] != self.last_error:
+                    self._log(f"rankstream hang watch: {type(exc).__name__}: {exc}"[:400])
                 self.last_error = str(exc)[:300]
 
     def check(self, now_ns: int | None = None) -> list[tuple[str, Finding]]:
         now_ns = time.time_ns() if now_ns is None else now_ns
-        judged, found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
+        try:
+            judged, found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
+        except WatchFailed as failed:  # keep what was judged, then report the rest
+            record_episodes(self._cursor, failed.judged, failed.found, now_ns)
+            raise
         record_episodes(self._cursor, judged, found, now_ns)
         self.passes += 1
         return found

@@ -10,6 +10,7 @@ own session, logging to ``<state_dir>/materializer.log`` with its pid in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def materialize(config: Config, stop: threading.Event, *, once: bool = False, re
     """The materializer with what runs beside it: the live hang watch, and (imported above) the
     analyses' procedures registered with its query server."""
     return run_materializer(config, stop, once=once, rebuild=rebuild, query_server=query_server,
-                            max_messages=max_messages, watchers=[HangWatch], log=log)
+                            max_messages=max_messages, watchers=[functools.partial(HangWatch, log=log)], log=log)
 
 
 def _pid_file(config: Config) -> Path:

@@ -76,11 +76,12 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     heartbeats stopped), which are then named as such rather than as missing dumps. ``live``: the
     run is still going (see ``stored.load_stored``)."""
     started = time.perf_counter()
-    stored = load_stored(database, run_id, live=live)
+    stored = load_stored(database, run_id, live=live, dead=dead)
     if not len(stored.entries):
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()
     dumped = [rank for rank in stored.dumped if rank not in dead]
+    clock_error_ns = max(clock_error_ns, database.fetchall(CLOCK_ERROR_SQL, {"run": run_id})[0][0] or 0)
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns)
     for finding in result.findings:
         if finding.kind in ("missing_dump", "skipped_collective") and set(finding.culprit_ranks) <= set(dead):
@@ -91,6 +92,11 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
         if finding.culprit_ranks and finding.group is not None:
             finding.stack = _stored_stack(database, run_id, finding)
     return Report(run_id, result, {"read": read - started, "diagnose": time.perf_counter() - read})
+
+
+#: How far apart the ranks' clocks may be (the clock sync's error bound): lateness below it is not
+#: a straggler's.
+CLOCK_ERROR_SQL = "SELECT max(clock_error_ns) FROM rank_metadata WHERE run_id = $run"
 
 
 def _stored_stack(database, run_id: str, finding: Finding) -> list[dict]:

@@ -32,9 +32,11 @@ FROM fr_entries_latest WHERE run_id = $run
 """
 
 #: While a run goes on, each rank's ring is read every few seconds, at its own moments: the entries
-#: created after the oldest of the ranks' latest reads are not comparable across ranks yet.
+#: created after the oldest of the live ranks' latest reads are not comparable across ranks yet.
+#: (A dead rank's last read is as far as its data will ever go: it sets no horizon.)
 HORIZON_SQL = """
-SELECT min(last_read) FROM (SELECT max(snapshot_ns) AS last_read FROM fr_entries WHERE run_id = $run GROUP BY rank)
+SELECT min(last_read) FROM (SELECT max(snapshot_ns) AS last_read FROM fr_entries
+                            WHERE run_id = $run AND NOT list_contains($dead, rank) GROUP BY rank)
 """
 
 TEXTS_SQL = """
@@ -59,10 +61,10 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
-def load_stored(database, run_id: str, *, live: bool = False) -> StoredRun:
+def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = frozenset()) -> StoredRun:
     """The run's entries, the groups its ranks listed and the ranks that sent any. ``live``: only
-    the entries every rank's latest ring read covers (see ``HORIZON_SQL``)."""
-    horizon = database.fetchall(HORIZON_SQL, {"run": run_id})[0][0] if live else None
+    the entries every live rank's latest ring read covers (see ``HORIZON_SQL``)."""
+    horizon = database.fetchall(HORIZON_SQL, {"run": run_id, "dead": sorted(dead)})[0][0] if live else None
     table = database.arrow(ENTRIES_SQL, {"run": run_id, "horizon": horizon})
     listed = {name: sorted(ranks) for name, ranks in database.fetchall(GROUPS_SQL, {"run": run_id})}
     vocabulary = Vocabulary()

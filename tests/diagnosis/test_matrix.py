@@ -52,7 +52,7 @@ def _stored(case, now_ns: int | None = None) -> duckdb.DuckDBPyConnection:
     rows, groups = [], []
     for rank, dump in dump_documents(case).items():
         for entry in dump["entries"]:
-            rows.append({"run_id": "run", "rank": rank, "snapshot_ns": 1, **entry_from_dump(entry)})
+            rows.append({"run_id": "run", "rank": rank, "snapshot_ns": now_ns or 1, **entry_from_dump(entry)})
         groups += [{"run_id": "run", "rank": rank, "reported_ns": 1, **g}
                    for g in groups_from_pg_config(dump.get("pg_config"))]
         if now_ns is not None:  # alive, and no progress for a minute
