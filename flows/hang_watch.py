@@ -84,8 +84,6 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             failures.append(f"{run_id}: {type(exc).__name__}: {exc}"[:300])
             continue
         for finding in report.findings:
-            if finding.kind == "straggler":
-                continue  # a matter of timing statistics: the run's report has it, the watch is for faults
             involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
             settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved if r not in dead)
             if (finding.in_flight or finding.kind == "dead_rank") and not settled:
