@@ -5,20 +5,17 @@ engine has: a dump directory, a stored run, and the live hang watch."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import duckdb
-import pyarrow as pa
 import pytest
 
 from rankstream.consumers.query import Database
 from rankstream.consumers.store import apply_schema
 from rankstream.flows.diagnosis.report import diagnose_directory, diagnose_stored
 from rankstream.flows.hang_watch import watch_pass
-from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config
-from rankstream.schemas.tables import FR_ENTRIES
-from tests.diagnosis.fr_scenarios import dump_documents, scenarios, write_scenario
+from tests.diagnosis.fr_scenarios import scenarios, write_scenario
+from tests.diagnosis.storing import store_case
 
 CASES = scenarios()
 
@@ -46,24 +43,9 @@ def test_a_dump_directory_names_the_root_cause(case, tmp_path):
 
 
 def _stored(case, now_ns: int | None = None) -> duckdb.DuckDBPyConnection:
-    """The case's dumps as the materializer would store them, with heartbeats when ``now_ns``."""
     con = duckdb.connect()
     apply_schema(con)
-    rows, groups = [], []
-    for rank, dump in dump_documents(case).items():
-        for entry in dump["entries"]:
-            rows.append({"run_id": "run", "rank": rank, "snapshot_ns": now_ns or 1, **entry_from_dump(entry)})
-        groups += [{"run_id": "run", "rank": rank, "reported_ns": 1, **g}
-                   for g in groups_from_pg_config(dump.get("pg_config"))]
-        if now_ns is not None:  # alive, and no progress for a minute
-            for sent in (now_ns - 60 * 10**9, now_ns - 10**9):
-                con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final, collectives) "
-                            "VALUES ('run', ?, 's', ?, false, ?)", [rank, sent, json.dumps({"0": {"last": 1}})])
-    con.register("_rows", pa.Table.from_pylist(rows, schema=FR_ENTRIES.arrow_schema()))
-    con.execute("INSERT INTO fr_entries BY NAME SELECT * FROM _rows")
-    if groups:
-        con.register("_groups", pa.Table.from_pylist(groups))
-        con.execute("INSERT INTO process_groups BY NAME SELECT * FROM _groups")
+    store_case(con, case, now_ns=now_ns)
     return con
 
 

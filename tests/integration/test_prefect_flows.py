@@ -3,12 +3,14 @@
 import duckdb
 import pytest
 
-from rankstream.flows.dump_loader import load_dump_directory
-from rankstream.schemas.tables import ddl
-
-from ..unit.test_collectives import write_job
+from rankstream.consumers.store import apply_schema
+from tests.diagnosis.fr_scenarios import scenario
+from tests.diagnosis.storing import store_case
 
 pytestmark = pytest.mark.integration
+
+HEALTHY = "w8-tp2-dp4__healthy__-__pickle__present"
+BROKEN = "w8-tp2-dp4__type_mismatch__inflight__pickle__present__tp"
 
 
 def test_flow_reports_every_run_in_the_database(tmp_path, prefect_harness):
@@ -16,17 +18,15 @@ def test_flow_reports_every_run_in_the_database(tmp_path, prefect_harness):
 
     db_path = tmp_path / "flows.duckdb"
     con = duckdb.connect(str(db_path))
-    con.execute(ddl())
-    for run, fault in (("healthy-run", "none"), ("broken-run", "wrong_op")):
-        entries, _, _ = load_dump_directory(write_job(tmp_path / run, fault, fault_rank=3), "rank_", run)
-        con.register("_entries", entries)
-        con.execute("INSERT INTO fr_entries SELECT * FROM _entries")
-        con.unregister("_entries")
+    apply_schema(con)
+    store_case(con, scenario(HEALTHY), "healthy-run")
+    store_case(con, scenario(BROKEN), "broken-run")
     con.close()
     reports = collective_diagnosis(str(db_path))
-    assert reports["healthy-run"] == {"verdict": "healthy", "findings": []}
-    assert reports["broken-run"]["verdict"] == "desync"
-    assert reports["broken-run"]["findings"][0]["culprit_ranks"] == [3]
+    assert reports["healthy-run"]["verdict"] == "healthy" and reports["healthy-run"]["findings"] == []
+    broken = reports["broken-run"]
+    assert broken["verdict"] == "hang"
+    assert broken["findings"][0]["culprit_ranks"] == list(scenario(BROKEN).expected.culprits)
     stored = duckdb.connect(str(db_path), read_only=True).execute(
         "SELECT run_id, kind FROM findings ORDER BY run_id, position").fetchall()
     assert stored[0] == ("broken-run", "type_mismatch")  # the analysis tables stay in the database

@@ -1,0 +1,34 @@
+"""A generated case's dumps stored as the materializer stores imported dumps (for the stored-run
+and live doors of the diagnosis, without a broker)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config
+from rankstream.schemas.tables import FR_ENTRIES
+from tests.diagnosis.fr_scenarios import dump_documents
+
+
+def store_case(con, case, run_id: str = "run", now_ns: int | None = None) -> None:
+    """Insert ``case``'s entries and groups under ``run_id``; with ``now_ns``, also heartbeats of
+    every rank that has a dump, alive and without progress for a minute."""
+    rows, groups = [], []
+    for rank, dump in dump_documents(case).items():
+        rows += [{"run_id": run_id, "rank": rank, "snapshot_ns": now_ns or 1, **entry_from_dump(entry)}
+                 for entry in dump["entries"]]
+        groups += [{"run_id": run_id, "rank": rank, "reported_ns": 1, **g}
+                   for g in groups_from_pg_config(dump.get("pg_config"))]
+        if now_ns is not None:
+            for sent in (now_ns - 60 * 10**9, now_ns - 10**9):
+                con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final, collectives) "
+                            "VALUES (?, ?, 's', ?, false, ?)", [run_id, rank, sent, json.dumps({"0": {"last": 1}})])
+    con.register("_rows", pa.Table.from_pylist(rows, schema=FR_ENTRIES.arrow_schema()))
+    con.execute("INSERT INTO fr_entries BY NAME SELECT * FROM _rows")
+    con.unregister("_rows")
+    if groups:
+        con.register("_groups", pa.Table.from_pylist(groups))
+        con.execute("INSERT INTO process_groups BY NAME SELECT * FROM _groups")
+        con.unregister("_groups")
