@@ -44,7 +44,7 @@ bench-analysis: setup
 	$(PY) -m pip install -q pandas plotly networkx pydot
 	$(PY) -m pip install -q --no-deps HolisticTraceAnalysis==0.5.0 mosaicml==0.32.1
 	$(PY) bench/analysis.py
-	$(PY) bench/fr_vs_official.py
+	$(PY) bench/diagnosis.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .rankstream rankstream.duckdb*

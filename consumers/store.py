@@ -25,7 +25,7 @@ from rankstream.schemas.topics import Record
 from rankstream.schemas.errors import DatabaseBusy, RankstreamError
 from rankstream.schemas.codec import DecodeFailure, decode
 from rankstream.schemas.envelope import Envelope
-from rankstream.schemas.tables import BOOKKEEPING_TABLES, EXISTING_COLUMNS_SQL, PROJECTION_TABLES, REJECTS, ddl
+from rankstream.schemas.tables import BOOKKEEPING_TABLES, EXISTING_COLUMNS_SQL, PROJECTION_TABLES, REJECTS, ddl, table
 from rankstream.schemas.topics import parse_message_key
 
 __all__ = ["Store", "WriteResult", "PreparedBatch", "prepare", "open_writable", "transaction", "insert_arrow", "apply_schema"]
@@ -72,10 +72,11 @@ def _registered(connection: duckdb.DuckDBPyConnection, name: str, table: pa.Tabl
             pass
 
 
-def insert_arrow(connection: duckdb.DuckDBPyConnection, table: str, arrow: pa.Table) -> None:
-    """Append an Arrow table's rows to ``table``, its columns matched by name."""
-    with _registered(connection, f"_incoming_{table}", arrow):
-        connection.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _incoming_{table}")
+def insert_arrow(connection: duckdb.DuckDBPyConnection, name: str, arrow: pa.Table) -> None:
+    """Append an Arrow table's rows to table ``name``, its columns matched by name, its derived
+    columns (``schemas.columns.Column.derived``) computed."""
+    with _registered(connection, f"_incoming_{name}", arrow):
+        connection.execute(table(name).insert_sql(f"_incoming_{name}", set(arrow.column_names)))
 
 
 def apply_schema(connection: duckdb.DuckDBPyConnection) -> None:

@@ -28,6 +28,9 @@ from rankstream.flows.diagnosis.report import diagnose_stored
 __all__ = ["HangWatch", "watch_pass", "ACTIVE_RUNS_SQL"]
 
 _WINDOW_NS = 600 * 10**9
+#: Each pass judges every rank's last records: what changed since the previous passes, with enough
+#: history before it for the evidence (a group's period, a rank's shifted stretch).
+TAIL_RECORDS = 400
 
 #: Runs still going, or that ended without every rank saying goodbye (a rank killed, its peers
 #: failing at once), with each rank's last heartbeat and when its collectives' progress last changed.
@@ -79,7 +82,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             continue
         judged.add(run_id)
         try:
-            report = diagnose_stored(database, run_id, dead=dead, live=True)
+            report = diagnose_stored(database, run_id, dead=dead, live=True, tail=TAIL_RECORDS)
         except Exception as exc:  # one run's data must not stop the watch over the others: counted
             failures.append(f"{run_id}: {type(exc).__name__}: {exc}"[:300])
             continue

@@ -26,6 +26,9 @@ class Column:
     #: For tables filled from the bus: ``"required"`` or ``"optional"`` in the payload, or None when
     #: the column comes from the envelope or the materializer (run_id, rank, sent_ns...).
     wire: str | None = None
+    #: A SQL expression over the row's other columns that fills this one when rows are inserted
+    #: (a key computed once at ingest, so that every later read is cheap).
+    derived: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class Table:
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
+
+    def insert_sql(self, source: str, present: set[str]) -> str:
+        """``INSERT`` of the rows of relation ``source`` (whose columns are ``present``), with the
+        derived columns computed."""
+        derived = "".join(f", {c.derived} AS {c.name}" for c in self.columns if c.derived and c.name not in present)
+        return f"INSERT INTO {self.name} BY NAME SELECT *{derived} FROM {source}"
 
     def wire_columns(self) -> tuple[Column, ...]:
         """The columns a payload carries, in declaration order."""
@@ -73,7 +82,7 @@ class Table:
         return pa.schema([(c.name, arrow_type(c.type)) for c in self.columns])
 
 
-_SCALARS = {"BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64", "BOOLEAN": "bool_", "VARCHAR": "string",
+_SCALARS = {"BIGINT": "int64", "UBIGINT": "uint64", "INTEGER": "int32", "DOUBLE": "float64", "BOOLEAN": "bool_", "VARCHAR": "string",
             "BLOB": "binary"}
 _STRUCT = re.compile(r"^STRUCT\((.*)\)$")
 

@@ -16,7 +16,7 @@ from rankstream.schemas.analysis_tables import ANALYSIS_TABLES
 from rankstream.schemas.columns import Column as C
 from rankstream.schemas.columns import Table
 
-__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "RANK_METADATA", "REJECTS", "TABLES",
+__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "RANK_METADATA", "REJECTS", "TABLES", "table",
            "PROJECTION_TABLES", "BOOKKEEPING_TABLES", "ddl", "SCHEMA_VERSION", "EXISTING_COLUMNS_SQL"]
 
 _RUN, _RANK = C("run_id", "VARCHAR", not_null=True), C("rank", "INTEGER", not_null=True)
@@ -58,6 +58,9 @@ FR_ENTRIES = Table("fr_entries", "One row per Flight Recorder entry state seen (
     C("timeout_ms", "BIGINT", wire="optional"),
     C("is_p2p", "BOOLEAN", wire="optional"),
     C("frames", "STRUCT(name VARCHAR, filename VARCHAR, line BIGINT)[]", "Python stack, innermost first", wire="optional"),
+    C("sizes_key", "UBIGINT", "hash of input_sizes and output_sizes: equal sizes, equal keys",
+      derived="hash(input_sizes, output_sizes)"),
+    C("dtypes_key", "UBIGINT", "hash of input_dtypes and output_dtypes", derived="hash(input_dtypes, output_dtypes)"),
 ))
 
 PROCESS_GROUPS = Table("process_groups", "Process groups as each rank reported them.", (
@@ -130,6 +133,10 @@ PROJECTION_TABLES = (TRACE_EVENTS, FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_
 #: The materializer's own position; a rebuild empties these too.
 BOOKKEEPING_TABLES = (INGESTED_BATCHES, BUS_INCARNATION, CONSUMER_OFFSETS)
 TABLES = PROJECTION_TABLES + BOOKKEEPING_TABLES + ANALYSIS_TABLES
+
+
+def table(name: str) -> Table:
+    return next(t for t in TABLES if t.name == name)
 
 
 def _views() -> str:

@@ -31,8 +31,6 @@ class Calls:
     value: np.ndarray
     state: np.ndarray
     created: np.ndarray
-    started: np.ndarray
-    completed: np.ndarray
     record: np.ndarray
     #: ``parts[value]`` is the (op, shape, dtype) codes of a value.
     parts: np.ndarray
@@ -47,10 +45,9 @@ class Calls:
 
 
 def collective_calls(entries: Entries) -> Calls:
-    keep = ~entries.is_p2p & (entries.seq > 0)
-    part = entries.take(np.flatnonzero(keep))
-    order = np.lexsort((part.record, part.rank, part.seq, part.group))
-    part = part.take(order)
+    kept = np.flatnonzero(~entries.is_p2p & (entries.seq > 0))
+    order = np.lexsort((entries.record[kept], entries.rank[kept], entries.seq[kept], entries.group[kept]))
+    part = entries.take(kept[order])  # one gather of every column
     group, seq, rank = part.group, part.seq, part.rank
     first = np.ones(len(part), dtype=bool)
     first[1:] = (group[1:] != group[:-1]) | (seq[1:] != seq[:-1]) | (rank[1:] != rank[:-1])
@@ -60,14 +57,16 @@ def collective_calls(entries: Entries) -> Calls:
         op, shape, dtype = _coalesce(part, starts)
     else:
         op, shape, dtype = op[starts], shape[starts], dtype[starts]
-    triples = np.stack([op.astype(np.int64), shape.astype(np.int64), dtype.astype(np.int64)], axis=1)
-    parts, value = np.unique(triples, axis=0, return_inverse=True) if len(triples) else (triples, np.zeros(0, np.int64))
+    shapes, dtypes = int(shape.max(initial=0)) + 1, int(dtype.max(initial=0)) + 1
+    packed = (op.astype(np.int64) * shapes + shape) * dtypes + dtype
+    keys, value = np.unique(packed, return_inverse=True)
     value = value.reshape(-1)
+    rest, dtype_of = np.divmod(keys, dtypes)
+    op_of, shape_of = np.divmod(rest, shapes)
+    parts = np.stack([op_of, shape_of, dtype_of], axis=1)
     return Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
                  value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
                  created=part.created[starts],
-                 started=part.started[starts],
-                 completed=np.maximum.reduceat(part.completed, starts) if len(part) else part.completed,
                  record=part.record[starts], parts=parts)
 
 
@@ -80,10 +79,10 @@ def _coalesce(part: Entries, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray
         if end - begin == 1:
             ops.append(vocab.ops[part.op[begin]])
             shapes.append(vocab.shapes[part.shape[begin]])
-            dtypes.append(vocab.dtypes[part.dtype[begin]])
+            dtypes.append(vocab.text("dtypes", part.dtype[begin]))
             continue
         members = [i for i in range(begin, end) if vocab.ops[part.op[i]] != "coalesced"]
         ops.append("coalesced(" + ",".join(vocab.ops[part.op[i]] for i in members) + ")")
         shapes.append("[" + ",".join(vocab.shapes[part.shape[i]] for i in members) + "]")
-        dtypes.append("[" + ",".join(vocab.dtypes[part.dtype[i]] for i in members) + "]")
+        dtypes.append("[" + ",".join(vocab.text("dtypes", part.dtype[i]) for i in members) + "]")
     return vocab.codes("ops", ops), vocab.codes("shapes", shapes), vocab.codes("dtypes", dtypes)

@@ -71,7 +71,7 @@ class _Run:
             return None
         op, shape, dtype = self.calls.unpack(value)
         vocab = self.entries.vocabulary
-        return {"op": vocab.ops[op], "shape": vocab.shapes[shape], "dtype": vocab.dtypes[dtype]}
+        return {"op": vocab.ops[op], "shape": vocab.text("shapes", shape), "dtype": vocab.text("dtypes", dtype)}
 
     def group(self, code: int) -> Group:
         return self.groups[code]
@@ -79,7 +79,7 @@ class _Run:
 
 def _stateless_ranks(entries: Entries) -> set[int]:
     """Ranks whose entries never say whether they finished (gloo: all 'scheduled', no times)."""
-    progressed = np.unique(entries.rank[(entries.state > 0) | (entries.completed > 0)])
+    progressed = np.unique(entries.rank[entries.state > 0])
     return set(np.unique(entries.rank).tolist()) - set(progressed.tolist())
 
 
@@ -111,7 +111,7 @@ def _judged_disagreements(run: _Run, blocked: set[tuple[int, int]]) -> list[Disa
         seqs = run.sequences[d.group.code]
         if not d.culprits and d.undecided is None:
             decide(d, seqs, siblings_of(seqs, run.sequences), suspects, run.describe)
-        classify(d, seqs, run.describe, blocked=(d.group.code, d.seq) in blocked)
+        classify(d, seqs, run.calls.unpack, blocked=(d.group.code, d.seq) in blocked)
     return found
 
 
@@ -420,9 +420,15 @@ def _absent(run: _Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Findin
 def _state_findings(run: _Run, disagreements: list[Disagreement]) -> list[Finding]:
     derailed = {(d.group.code, rank) for d in disagreements for rank in d.values}
     findings = []
+    unfinished = np.flatnonzero(run.calls.state < 2)
+    candidates: dict[int, set[int]] = {}
+    for code, seq in zip(run.calls.group[unfinished].tolist(), run.calls.seq[unfinished].tolist()):
+        candidates.setdefault(code, set()).add(seq)
     for code, seqs in run.sequences.items():
+        if code not in candidates:
+            continue
         last = seqs.last_seq()
-        for seq in _candidate_seqs(run.calls, code):
+        for seq in sorted(candidates[code])[:64]:
             states = seqs.states_at(seq)
             moved_on = sorted(r for r, s in states.items() if s < 2 and last.get(r, seq) > seq
                               and (code, r) not in derailed and r not in run.stateless)
@@ -435,11 +441,6 @@ def _state_findings(run: _Run, disagreements: list[Disagreement]) -> list[Findin
                               f"completing #{seq}, which their peers completed"]))
                 break
     return findings
-
-
-def _candidate_seqs(calls: Calls, code: int) -> list[int]:
-    rows = np.flatnonzero((calls.group == code) & (calls.state < 2))
-    return sorted(set(calls.seq[rows].tolist()))[:64]
 
 
 def _straggler_finding(straggler, run: _Run) -> Finding:

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op"]
+__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state"]
 
 #: Entry states in progress order; a missing or unknown state counts as scheduled.
 STATES = ("scheduled", "started", "completed")
@@ -27,7 +27,7 @@ UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_s
 UNEVEN = "(sizes differ by design)"
 
 _COLUMNS = ("rank", "group", "seq", "p2p_seq", "is_p2p", "op", "peer", "shape", "dtype", "state", "created",
-            "started", "completed", "record")
+            "record")
 
 
 def parse_op(profiling_name: str) -> tuple[str, int, int]:
@@ -55,27 +55,45 @@ class Vocabulary:
     ops: list[str] = field(default_factory=list)
     shapes: list[str] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
+    _indexes: dict = field(default_factory=dict, repr=False, compare=False)
+    #: Turns a value that is only a key into its text (``kind``, value) -> text; None: all are text.
+    resolver: Any = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:  # the lookup tables are rebuilt on demand: half the bytes
+        return {"groups": self.groups, "ops": self.ops, "shapes": self.shapes, "dtypes": self.dtypes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _indexes={}, resolver=None)
+
+    def text(self, kind: str, code: int) -> str:
+        """The value of a code as text; a value known only by a key (a stored run's) is looked up
+        with ``resolver`` once."""
+        table = getattr(self, kind)
+        value = table[code]
+        if not isinstance(value, str) and self.resolver is not None:
+            value = table[code] = self.resolver(kind, value)
+        return value if isinstance(value, str) else repr(value)
 
     def codes(self, kind: str, values: Iterable) -> np.ndarray:
+        """The code of each value, new values added. Lookups run in C (``map``), and each distinct
+        value is handled in Python once: a dump repeats a handful of ops, groups and shapes."""
         table: list = getattr(self, kind)
-        index = getattr(self, f"_{kind}_index", None)
+        index = self._indexes.get(kind)
         if index is None:
-            index = {value: code for code, value in enumerate(table)}
-            setattr(self, f"_{kind}_index", index)
-        out = []
-        for value in values:
-            code = index.get(value)
-            if code is None:
-                code = index[value] = len(table)
+            index = self._indexes[kind] = {value: code for code, value in enumerate(table)}
+        values = values if isinstance(values, list) else list(values)
+        for value in dict.fromkeys(values):
+            if value not in index:
+                index[value] = len(table)
                 table.append(value)
-            out.append(code)
-        return np.asarray(out, dtype=np.int32)
+        return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
 
 
 @dataclass
 class Entries:
     """Columns of every entry (see the module docstring); ``peer`` is the p2p peer's global rank
-    (-1 for collectives), times are 0 when unknown."""
+    (-1 for collectives), ``created`` is 0 when unknown, ``state`` a code of ``STATES``: the state
+    torch wrote, or later when it recorded a start or completion time."""
 
     rank: np.ndarray
     group: np.ndarray
@@ -88,8 +106,6 @@ class Entries:
     dtype: np.ndarray
     state: np.ndarray
     created: np.ndarray
-    started: np.ndarray
-    completed: np.ndarray
     record: np.ndarray
     vocabulary: Vocabulary
 
@@ -113,11 +129,25 @@ def _lenient(entry: Any) -> tuple:
     return tuple(entry.get(name) for name in _FIELDS)
 
 
+def folded_state(state: np.ndarray, started: np.ndarray, completed: np.ndarray) -> np.ndarray:
+    """The state, raised to started or completed where torch recorded that time."""
+    return np.maximum(state, np.where(completed > 0, 2, np.where(started > 0, 1, 0)).astype(np.int8))
+
+
 def _ints(values: Sequence, what: str) -> np.ndarray:
     try:
-        return np.array([0 if v is None else v for v in values], dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"an entry's {what} is not a 64-bit integer") from None
+        return np.fromiter(values, dtype=np.int64, count=len(values))
+    except (TypeError, ValueError, OverflowError):  # None for unknown, or not an integer at all
+        try:
+            return np.array([0 if v is None else v for v in values], dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"an entry's {what} is not a 64-bit integer") from None
+
+
+def _group_key(group) -> tuple[str, str | None]:
+    if isinstance(group, (list, tuple)) and group:
+        return str(group[0]), None if len(group) < 2 or group[1] is None else str(group[1])
+    return "", None
 
 
 def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
@@ -132,31 +162,41 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
     n = len(rows)
     (groups, seqs, p2p_seqs, names, in_sizes, out_sizes, in_dtypes, out_dtypes, states, created, started,
      completed, records) = zip(*rows) if n else ((),) * len(_FIELDS)
-    group_keys = [(str(g[0]), None if len(g) < 2 or g[1] is None else str(g[1])) if isinstance(g, (list, tuple)) and g
-                  else ("", None) for g in groups]
-    if any(not isinstance(name, str) for name in names):
+    try:  # pickled process groups are tuples: their codes come straight from them
+        raw_groups = {g: _group_key(g) for g in dict.fromkeys(groups)}
+    except TypeError:  # JSON's are lists
+        raw_groups = None
+    group_keys = list(map(raw_groups.__getitem__, groups)) if raw_groups is not None else list(map(_group_key, groups))
+    distinct_names = dict.fromkeys(names)
+    if any(not isinstance(name, str) for name in distinct_names):
         raise ValueError("an entry has no profiling_name")
-    parsed = [parse_op(name) for name in names]
-    is_p2p = np.array([op in ("send", "recv") for op, _, _ in parsed], dtype=bool)
+    parsed_by_name = {name: parse_op(name) for name in distinct_names}
+    parsed = list(map(parsed_by_name.__getitem__, names))
+    op_names = [op for op, _, _ in parsed]
+    is_p2p = np.array([op in ("send", "recv") for op in op_names], dtype=bool)
     peer = np.full(n, -1, dtype=np.int32)
-    for i in np.flatnonzero(is_p2p):
+    for i in np.flatnonzero(is_p2p).tolist():
         op, src, dst = parsed[i]
         ranks = members.get(group_keys[i][0]) or []
         local = dst if op == "send" else src
         peer[i] = ranks[local] if 0 <= local < len(ranks) else local
+    uneven = {name for name, (op, _, _) in parsed_by_name.items() if op in UNEVEN_OPS}
+    shape_keys = list(map(repr, zip(in_sizes, out_sizes)))
+    if uneven:
+        shape_keys = [UNEVEN if name in uneven else key for name, key in zip(names, shape_keys)]
     return Entries(
         rank=np.full(n, rank, dtype=np.int32),
         group=vocabulary.codes("groups", group_keys),
         seq=_ints(seqs, "collective_seq_id"), p2p_seq=_ints(p2p_seqs, "p2p_seq_id"),
         is_p2p=is_p2p,
-        op=vocabulary.codes("ops", [op for op, _, _ in parsed]),
+        op=vocabulary.codes("ops", op_names),
         peer=peer,
-        shape=vocabulary.codes("shapes", [UNEVEN if op in UNEVEN_OPS else repr(sizes)
-                                          for (op, _, _), sizes in zip(parsed, zip(in_sizes, out_sizes))]),
-        dtype=vocabulary.codes("dtypes", map(repr, zip(in_dtypes, out_dtypes))),
-        state=np.array([_STATE_CODE.get(s, 0) for s in states], dtype=np.int8),
-        created=_ints(created, "time_created_ns"), started=_ints(started, "time_discovered_started_ns"),
-        completed=_ints(completed, "time_discovered_completed_ns"),
+        shape=vocabulary.codes("shapes", shape_keys),
+        dtype=vocabulary.codes("dtypes", list(map(repr, zip(in_dtypes, out_dtypes)))),
+        state=folded_state(np.fromiter(map(_STATE_CODE.get, states, (0,) * n), dtype=np.int8, count=n),
+                           _ints(started, "time_discovered_started_ns"),
+                           _ints(completed, "time_discovered_completed_ns")),
+        created=_ints(created, "time_created_ns"),
         record=_ints(records, "record_id"),
         vocabulary=vocabulary,
     )

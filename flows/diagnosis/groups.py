@@ -41,8 +41,12 @@ def find_groups(entries: Entries, listed: dict[str, list[int]], dumped: list[int
     ``listed`` maps a group name to the ranks a dump listed for it."""
     world = max([max(dumped, default=-1)] + [max(r, default=-1) for r in listed.values()]) + 1
     groups = {}
+    pairs = np.unique(entries.group.astype(np.int64) << 32 | entries.rank.astype(np.int64))
+    logged_by: dict[int, list[int]] = {}
+    for group, rank in zip((pairs >> 32).tolist(), (pairs & 0xFFFFFFFF).tolist()):
+        logged_by.setdefault(group, []).append(rank)
     for code, (name, desc) in enumerate(entries.vocabulary.groups):
-        logged = np.unique(entries.rank[entries.group == code]).tolist()
+        logged = logged_by.get(code, [])
         if not logged and name not in listed:
             continue
         if listed.get(name):

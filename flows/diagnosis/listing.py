@@ -17,6 +17,6 @@ def calls_table(entries: Entries) -> pa.Table:
         "rank": calls.rank, "group": [vocab.groups[g][0] for g in calls.group.tolist()],
         "group_desc": [vocab.groups[g][1] for g in calls.group.tolist()], "seq": calls.seq,
         "op": [vocab.ops[o] for o in calls.op.tolist()], "sizes": [vocab.shapes[s] for s in calls.shape.tolist()],
-        "dtypes": [vocab.dtypes[d] for d in calls.dtype.tolist()],
+        "dtypes": [vocab.text("dtypes", d) for d in calls.dtype.tolist()],
         "state": [STATES[s] for s in calls.state.tolist()],
     }).sort_by([("rank", "ascending"), ("group", "ascending"), ("seq", "ascending")])

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
+from rankstream.flows.diagnosis.columnar import from_dump_entries_arrow
 from rankstream.flows.diagnosis.entries import Entries, Vocabulary, concatenate, from_dump_entries, recoded
 from rankstream.producers.fr_reader import groups_from_pg_config, list_fr_files, parse_dump
 from rankstream.producers.importing import check_input_file, paused_gc
@@ -36,39 +39,51 @@ class LoadedDumps:
 
 
 @dataclass
-class _One:
-    rank: int
-    path: str
+class _Chunk:
+    """What a worker read: its dumps' entries as one table, per dump (rank, path, JSON or not, size
+    of its default group), and the groups they listed."""
+
     entries: Entries
+    dumps: list[tuple[int, str, bool, int | None]]
     listed: dict[str, list[int]]
-    json: bool
-    world: int | None
 
 
-def _read(job: tuple[int, str, frozenset | None]) -> _One | str:
-    """In a worker: one dump, or a one-line error."""
-    rank, path_text, pg_filters = job
-    path = Path(path_text)
-    try:
-        check_input_file(path)
-        raw = path.read_bytes()
-        with paused_gc():
-            dump = parse_dump(raw, str(path))
-            groups = groups_from_pg_config(dump.get("pg_config"))
-            listed = {g["pg_name"]: sorted(g["ranks"]) for g in groups if g["ranks"]}
-            entries = dump["entries"]
-            if pg_filters:
-                entries = [e for e in entries if isinstance(e, dict) and _group_matches(e, pg_filters)]
-            columns = from_dump_entries(entries, rank, listed, Vocabulary())
-    except BadInput as exc:
-        return str(exc)
-    except ValueError as exc:
-        return f"{path}: an entry does not follow the Flight Recorder dump layout: {exc}"
-    except OSError as exc:
-        return f"{path}: cannot read: {exc.strerror or exc}"
-    defaults = [g for g in groups if g["pg_desc"] == "default_pg" and g["ranks"]]
-    return _One(rank, path_text, columns, listed, raw.lstrip()[:1] in (b"{", b"["),
-                len(defaults[0]["ranks"]) if defaults else None)
+def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk | str:
+    """In a worker: some dumps, or a one-line error naming the first bad one."""
+    files, pg_filters = job
+    vocabulary, parts, dumps, listed = Vocabulary(), [], [], {}
+    previous_config, previous_groups = object(), []
+    for rank, path_text in files:
+        path = Path(path_text)
+        try:
+            check_input_file(path)
+            raw = path.read_bytes()
+            with paused_gc():
+                dump = parse_dump(raw, str(path))
+                config = dump.get("pg_config")
+                if config != previous_config:  # every dump of a job usually lists the same groups
+                    previous_config, previous_groups = config, groups_from_pg_config(config)
+                mine = {g["pg_name"]: sorted(g["ranks"]) for g in previous_groups if g["ranks"]}
+                entries = dump["entries"]
+                if pg_filters:
+                    entries = [e for e in entries if isinstance(e, dict) and _group_matches(e, pg_filters)]
+                try:
+                    parts.append(from_dump_entries_arrow(entries, rank, mine, vocabulary))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):  # not torch's exact types
+                    parts.append(from_dump_entries(entries, rank, mine, vocabulary))
+                del dump, entries
+        except BadInput as exc:
+            return str(exc)
+        except ValueError as exc:
+            return f"{path}: an entry does not follow the Flight Recorder dump layout: {exc}"
+        except OSError as exc:
+            return f"{path}: cannot read: {exc.strerror or exc}"
+        for name, ranks in mine.items():
+            listed.setdefault(name, ranks)
+        defaults = [g for g in previous_groups if g["pg_desc"] == "default_pg" and g["ranks"]]
+        dumps.append((rank, path_text, raw.lstrip()[:1] in (b"{", b"["),
+                      len(defaults[0]["ranks"]) if defaults else None))
+    return _Chunk(concatenate(parts, vocabulary), dumps, listed)
 
 
 def _group_matches(entry: dict, filters: frozenset) -> bool:
@@ -78,34 +93,35 @@ def _group_matches(entry: dict, filters: frozenset) -> bool:
 
 def load_directory(directory: Path, prefix: str = "rank", *, selected_ranks: set[int] | None = None,
                    pg_filters: set[str] | None = None) -> LoadedDumps:
-    files = list_fr_files(directory, prefix, selected_ranks)
-    jobs = [(rank, str(path), frozenset(pg_filters) if pg_filters else None) for rank, path in files]
+    files = [(rank, str(path)) for rank, path in list_fr_files(directory, prefix, selected_ranks)]
+    filters = frozenset(pg_filters) if pg_filters else None
     workers = min(os.cpu_count() or 1, 8)
-    if len(jobs) >= _PARALLEL_FROM and workers > 1:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            results = pool.map(_read, jobs, chunksize=max(1, len(jobs) // (workers * 4)))
-    else:
-        results = list(map(_read, jobs))
-    return _gathered(results)
+    if len(files) < _PARALLEL_FROM or workers < 2:
+        return _gathered([_read_chunk((files, filters))])
+    size = max(1, -(-len(files) // (workers * 4)))  # a few chunks per worker, for balance
+    jobs = [(files[at:at + size], filters) for at in range(0, len(files), size)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return _gathered(pool.imap(_read_chunk, jobs))
 
 
-def _gathered(results: list[Any]) -> LoadedDumps:
-    errors = [r for r in results if isinstance(r, str)]
-    if errors:
-        raise BadInput(errors[0])
-    first = results[0]
-    vocabulary, parts, listed = Vocabulary(), [], {}
-    for one in results:
-        if one.json != first.json:
-            raise BadInput(f"{one.path}: a {'JSON' if one.json else 'pickle'} dump among "
-                           f"{'JSON' if first.json else 'pickle'} ones ({first.path}): one set, one format")
-        if one.world is not None and first.world is not None and one.world != first.world:
-            raise BadInput(f"{one.path}: its default group has {one.world} ranks, {first.path}'s has {first.world}: "
-                           "dumps of different jobs")
-        for name, ranks in one.listed.items():
+def _gathered(results) -> LoadedDumps:
+    vocabulary, parts, listed, dumps = Vocabulary(), [], {}, []
+    for chunk in results:
+        if isinstance(chunk, str):
+            raise BadInput(chunk)
+        for name, ranks in chunk.listed.items():
             listed.setdefault(name, ranks)
-        parts.append(recoded(one.entries, vocabulary))
-    return LoadedDumps(concatenate(parts, vocabulary), listed, {one.rank: Path(one.path) for one in results})
+        dumps += chunk.dumps
+        parts.append(recoded(chunk.entries, vocabulary))
+    first = dumps[0]
+    for rank, path, json_dump, world in dumps:
+        if json_dump != first[2]:
+            raise BadInput(f"{path}: a {'JSON' if json_dump else 'pickle'} dump among "
+                           f"{'JSON' if first[2] else 'pickle'} ones ({first[1]}): one set, one format")
+        if world is not None and first[3] is not None and world != first[3]:
+            raise BadInput(f"{path}: its default group has {world} ranks, {first[1]}'s has {first[3]}: "
+                           "dumps of different jobs")
+    return LoadedDumps(concatenate(parts, vocabulary), listed, {rank: Path(path) for rank, path, _, _ in dumps})
 
 
 def stack_at(path: Path, group: str | None, seq: int | None) -> list[dict]:

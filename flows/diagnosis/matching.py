@@ -56,11 +56,12 @@ def majority(values: dict[int, int]) -> int | None:
     return value if votes * 2 > len(values) else None
 
 
-def classify(d: Disagreement, seqs: GroupSequences, describe, *, blocked: bool = True) -> None:
-    """Set ``d.kind`` from how the culprits' calls compare with the group's (``d.expected``).
+def classify(d: Disagreement, seqs: GroupSequences, unpack, *, blocked: bool = True) -> None:
+    """Set ``d.kind`` from how the culprits' calls compare with the group's (``d.expected``);
+    ``unpack`` gives a value's (op, shape, dtype) codes.
     ``blocked``: the group is stuck at ``d.seq`` (a hang), so how far each rank got is evidence."""
     if not d.culprits or d.expected is None:
-        d.kind = _kind_of_difference(d, describe)
+        d.kind = _kind_of_difference(d, unpack)
         return
     culprit = d.culprits[0]
     own = seqs.calls_of(culprit)
@@ -91,13 +92,14 @@ def classify(d: Disagreement, seqs: GroupSequences, describe, *, blocked: bool =
         d.kind = "extra_collective"
         d.evidence.append(f"rank {culprit}'s calls after #{d.seq} are the group's from #{d.seq} ({extra} match)")
     else:
-        d.kind = _kind_of_difference(d, describe)
+        d.kind = _kind_of_difference(d, unpack)
 
 
-def _kind_of_difference(d: Disagreement, describe) -> str:
-    described = [describe(v) for v in d.values.values()]
-    if len({x["op"] for x in described}) > 1:
+def _kind_of_difference(d: Disagreement, unpack) -> str:
+    """What differs between the calls, from their (op, shape, dtype) codes."""
+    ops, shapes, _ = zip(*(unpack(v) for v in d.values.values()))
+    if len(set(ops)) > 1:
         return "type_mismatch"
-    if len({x["shape"] for x in described}) > 1:
+    if len(set(shapes)) > 1:
         return "size_mismatch"
     return "dtype_mismatch"

@@ -19,17 +19,39 @@ __all__ = ["StoredRun", "load_stored", "ENTRIES_SQL"]
 _UNEVEN_SQL = ", ".join(f"'{op}'" for op in sorted(UNEVEN_OPS))
 _OP_SQL = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
 
-ENTRIES_SQL = f"""
-SELECT rank, pg_name, coalesce(pg_desc, '') AS pg_desc, coalesce(collective_seq_id, 0) AS seq,
-       coalesce(p2p_seq_id, 0) AS p2p_seq, profiling_name,
-       CASE WHEN {_OP_SQL} IN ({_UNEVEN_SQL}) THEN 0 ELSE hash(input_sizes, output_sizes) END AS shape,
-       hash(input_dtypes, output_dtypes) AS dtype,
-       CASE state WHEN 'completed' THEN 2 WHEN 'started' THEN 1 ELSE 0 END::TINYINT AS state,
-       coalesce(time_created_ns, 0) AS created, coalesce(time_discovered_started_ns, 0) AS started,
-       coalesce(time_discovered_completed_ns, 0) AS completed, record_id
-FROM fr_entries_latest WHERE run_id = $run
-  AND ($horizon IS NULL OR coalesce(time_created_ns, 0) <= $horizon)
+#: The entries judged: the run's last ``$tail`` records per rank (all when NULL), created no later
+#: than ``$horizon`` (see ``HORIZON_SQL``). An entry sent again with a new state has a row per
+#: state; the newest is kept in numpy (``_newest``), five times cheaper than a window here.
+_RECENT = f"""
+WITH tops AS (SELECT rank, max(record_id) AS top FROM fr_entries WHERE run_id = $run GROUP BY rank),
+recent AS (
+    SELECT f.rank, f.record_id, f.pg_name, f.pg_desc, f.collective_seq_id, f.p2p_seq_id, f.profiling_name,
+           CASE WHEN {_OP_SQL} IN ({_UNEVEN_SQL}) THEN 0
+                ELSE coalesce(f.sizes_key, hash(f.input_sizes, f.output_sizes)) END AS shape,
+           coalesce(f.dtypes_key, hash(f.input_dtypes, f.output_dtypes)) AS dtype,
+           f.state, f.time_created_ns, f.time_discovered_started_ns, f.time_discovered_completed_ns, f.snapshot_ns
+    FROM fr_entries f JOIN tops USING (rank)
+    WHERE f.run_id = $run AND ($tail IS NULL OR f.record_id > tops.top - $tail)
+      AND ($horizon IS NULL OR coalesce(f.time_created_ns, 0) <= $horizon)
+)
 """
+
+ENTRIES_SQL = _RECENT + """
+SELECT rank, pg_name, coalesce(pg_desc, '') AS pg_desc, coalesce(collective_seq_id, 0) AS seq,
+       coalesce(p2p_seq_id, 0) AS p2p_seq, profiling_name, shape, dtype,
+       CASE WHEN state = 'completed' OR time_discovered_completed_ns > 0 THEN 2
+            WHEN state = 'started' OR time_discovered_started_ns > 0 THEN 1 ELSE 0 END::TINYINT AS state,
+       coalesce(time_created_ns, 0) AS created, record_id, snapshot_ns
+FROM recent
+"""
+
+#: The text of one sizes or dtypes value, by its key (only the few a finding shows are looked up).
+TEXT_SQL = {
+    "shapes": "SELECT [input_sizes, output_sizes]::VARCHAR FROM fr_entries WHERE run_id = $run "
+              "AND coalesce(sizes_key, hash(input_sizes, output_sizes)) = $key LIMIT 1",
+    "dtypes": "SELECT [input_dtypes, output_dtypes]::VARCHAR FROM fr_entries WHERE run_id = $run "
+              "AND coalesce(dtypes_key, hash(input_dtypes, output_dtypes)) = $key LIMIT 1",
+}
 
 #: While a run goes on, each rank's ring is read every few seconds, at its own moments: the entries
 #: created after the oldest of the live ranks' latest reads are not comparable across ranks yet.
@@ -39,16 +61,19 @@ SELECT min(last_read) FROM (SELECT max(snapshot_ns) AS last_read FROM fr_entries
                             WHERE run_id = $run AND NOT list_contains($dead, rank) GROUP BY rank)
 """
 
-TEXTS_SQL = """
-SELECT hash(input_sizes, output_sizes) AS shape, any_value([input_sizes, output_sizes])::VARCHAR AS shape_text,
-       hash(input_dtypes, output_dtypes) AS dtype, any_value([input_dtypes, output_dtypes])::VARCHAR AS dtype_text
-FROM fr_entries_latest WHERE run_id = $run GROUP BY ALL
-"""
-
 GROUPS_SQL = """
 SELECT pg_name, any_value(ranks) AS ranks FROM process_groups
 WHERE run_id = $run AND ranks IS NOT NULL AND len(ranks) > 0 GROUP BY pg_name
 """
+
+
+class _Key:
+    """A sizes or dtypes value known by its key; its text is looked up when a finding shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
 
 
 class StoredRun:
@@ -56,25 +81,38 @@ class StoredRun:
         self.entries, self.listed, self.dumped = entries, listed, dumped
 
 
+def _newest(table: pa.Table) -> pa.Table:
+    """One row per (rank, record): its newest state."""
+    if not table.num_rows:
+        return table
+    rank, record = table["rank"].to_numpy(), table["record_id"].to_numpy()
+    order = np.lexsort((table["snapshot_ns"].to_numpy(), record, rank))
+    rank, record = rank[order], record[order]
+    last = np.r_[(rank[1:] != rank[:-1]) | (record[1:] != record[:-1]), True]
+    return table if last.all() and (np.diff(order) > 0).all() else table.take(pa.array(order[last]))
+
+
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     encoded = pc.dictionary_encode(column).combine_chunks()
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
-def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = frozenset()) -> StoredRun:
+def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = frozenset(),
+                tail: int | None = None) -> StoredRun:
     """The run's entries, the groups its ranks listed and the ranks that sent any. ``live``: only
-    the entries every live rank's latest ring read covers (see ``HORIZON_SQL``)."""
+    the entries every live rank's latest ring read covers (see ``HORIZON_SQL``); ``tail``: only
+    each rank's last ``tail`` records (the live watch judges what is new; an older fault was judged
+    when it was new)."""
     horizon = database.fetchall(HORIZON_SQL, {"run": run_id, "dead": sorted(dead)})[0][0] if live else None
-    table = database.arrow(ENTRIES_SQL, {"run": run_id, "horizon": horizon})
+    values = {"run": run_id, "horizon": horizon, "tail": tail}
+    table = _newest(database.arrow(ENTRIES_SQL, values))
     listed = {name: sorted(ranks) for name, ranks in database.fetchall(GROUPS_SQL, {"run": run_id})}
     vocabulary = Vocabulary()
     n = table.num_rows
     names, name_text = _codes(table["pg_name"])
-    descs = table["pg_desc"].to_pylist() if n else []
-    pairs = {}
-    for i, code in enumerate(names.tolist()):
-        pairs.setdefault(code, descs[i] or None)
-    group_codes = vocabulary.codes("groups", [(name_text[c], pairs[c]) for c in range(len(name_text))])
+    present, first = np.unique(names, return_index=True)
+    descs = dict(zip(present.tolist(), table["pg_desc"].take(pa.array(first)).to_pylist())) if n else {}
+    group_codes = vocabulary.codes("groups", [(name_text[c], descs.get(c) or None) for c in range(len(name_text))])
     profiling, profiling_text = _codes(table["profiling_name"])
     parsed = [parse_op(name) for name in profiling_text]
     op_codes = vocabulary.codes("ops", [op for op, _, _ in parsed])
@@ -89,17 +127,15 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
         peer[row] = members[local] if 0 <= local < len(members) else local
     shapes, shape_index = np.unique(table["shape"].to_numpy(), return_inverse=True)
     dtypes, dtype_index = np.unique(table["dtype"].to_numpy(), return_inverse=True)
-    texts = database.arrow(TEXTS_SQL, {"run": run_id}).to_pylist() if n else []
-    shape_text = {row["shape"]: row["shape_text"] for row in texts} | {0: UNEVEN}
-    dtype_text = {row["dtype"]: row["dtype_text"] for row in texts}
-    vocabulary.shapes = [shape_text.get(int(h), str(h)) for h in shapes.tolist()]
-    vocabulary.dtypes = [dtype_text.get(int(h), str(h)) for h in dtypes.tolist()]
+    vocabulary.shapes = [UNEVEN if h == 0 else _Key(int(h)) for h in shapes.tolist()]
+    vocabulary.dtypes = [_Key(int(h)) for h in dtypes.tolist()]
+    vocabulary.resolver = lambda kind, key: (database.fetchall(TEXT_SQL[kind], {"run": run_id, "key": key.value})
+                                             or [[None]])[0][0] or "?"
     entries = Entries(
         rank=ranks, group=group_codes[names] if n else np.zeros(0, np.int32),
         seq=table["seq"].to_numpy(), p2p_seq=table["p2p_seq"].to_numpy(), is_p2p=is_p2p,
         op=op_codes[profiling] if n else np.zeros(0, np.int32), peer=peer,
         shape=shape_index.reshape(-1).astype(np.int32), dtype=dtype_index.reshape(-1).astype(np.int32),
-        state=table["state"].to_numpy(), created=table["created"].to_numpy(),
-        started=table["started"].to_numpy(), completed=table["completed"].to_numpy(),
-        record=table["record_id"].to_numpy(), vocabulary=vocabulary)
+        state=table["state"].to_numpy(), created=table["created"].to_numpy(), record=table["record_id"].to_numpy(),
+        vocabulary=vocabulary)
     return StoredRun(entries, listed, np.unique(ranks).tolist())

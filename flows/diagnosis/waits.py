@@ -127,15 +127,19 @@ class WaitGraph:
 def waiting_positions(calls: Calls, stateless: set[int]) -> list[Position]:
     """Where each rank is (see the module docstring)."""
     positions = []
-    for rank in np.unique(calls.rank).tolist():
-        rows = np.flatnonzero(calls.rank == rank)
+    order = np.lexsort((calls.record, calls.rank))
+    ranks = calls.rank[order]
+    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True]) if len(ranks) else np.zeros(1, np.int64)
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        rows = order[lo:hi]  # one rank's calls, oldest first
+        rank = int(ranks[lo])
         if rank in stateless:
-            chosen = [rows[np.argmax(calls.record[rows])]]
+            chosen = rows[-1:]
         else:
-            started = rows[calls.state[rows] == STARTED]
-            unfinished = rows[calls.state[rows] < COMPLETED]
-            chosen = started if len(started) else unfinished[np.argsort(calls.record[unfinished])][:1]
-        positions += [Position(rank, int(calls.group[r]), int(calls.seq[r])) for r in chosen]
+            states = calls.state[rows]
+            started = rows[states == STARTED]
+            chosen = started if len(started) else rows[states < COMPLETED][:1]
+        positions += [Position(rank, int(calls.group[r]), int(calls.seq[r])) for r in chosen.tolist()]
     return positions
 
 

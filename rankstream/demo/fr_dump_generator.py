@@ -43,6 +43,7 @@ def _step_ops(layers: int) -> list[tuple[str, str, list[int], list[int]]]:
 
 
 def write_dumps(directory: Path, ranks: int, entries: int, *, tp: int = 8, fault: str = "none", fault_rank: int = 1,
+                fault_at: float = 2 / 3,
                 layers: int = 4, p2p: bool = False) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -51,7 +52,7 @@ def write_dumps(directory: Path, ranks: int, entries: int, *, tp: int = 8, fault
     membership = {r: {g["desc"]: (name, g) for name, g in groups.items() if r in g["ranks"]} for r in range(ranks)}
     step_ops = _step_ops(layers)
     steps = entries // (len(step_ops) + 1) + 2
-    fault_at = int(entries * 2 / 3)
+    fault_at = int(entries * fault_at)
     pg_config = {name: {"name": name, "desc": g["desc"], "ranks": json.dumps(g["ranks"])} for name, g in groups.items()}
     for rank in range(ranks):
         log, seq, record = [], {name: 0 for name in groups}, 0

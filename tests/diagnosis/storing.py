@@ -7,9 +7,13 @@ import json
 
 import pyarrow as pa
 
+from rankstream.consumers.store import insert_arrow
 from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config
 from rankstream.schemas.tables import FR_ENTRIES
 from tests.diagnosis.fr_scenarios import dump_documents
+
+#: The columns the bus fills (the derived keys are computed at insert).
+_FR_SCHEMA = pa.schema([f for f in FR_ENTRIES.arrow_schema() if not FR_ENTRIES.column(f.name).derived])
 
 
 def store_case(con, case, run_id: str = "run", now_ns: int | None = None) -> None:
@@ -25,9 +29,7 @@ def store_case(con, case, run_id: str = "run", now_ns: int | None = None) -> Non
             for sent in (now_ns - 60 * 10**9, now_ns - 10**9):
                 con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final, collectives) "
                             "VALUES (?, ?, 's', ?, false, ?)", [run_id, rank, sent, json.dumps({"0": {"last": 1}})])
-    con.register("_rows", pa.Table.from_pylist(rows, schema=FR_ENTRIES.arrow_schema()))
-    con.execute("INSERT INTO fr_entries BY NAME SELECT * FROM _rows")
-    con.unregister("_rows")
+    insert_arrow(con, "fr_entries", pa.Table.from_pylist(rows, schema=_FR_SCHEMA))
     if groups:
         con.register("_groups", pa.Table.from_pylist(groups))
         con.execute("INSERT INTO process_groups BY NAME SELECT * FROM _groups")
