@@ -51,6 +51,7 @@ class _Chunk:
 def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk | str:
     """In a worker: some dumps, or a one-line error naming the first bad one."""
     files, pg_filters = job
+    pa.set_cpu_count(1)  # the workers are the parallelism: Arrow's own threads would only compete
     vocabulary, parts, dumps, listed = Vocabulary(), [], [], {}
     previous_config, previous_groups = object(), []
     for rank, path_text in files:
