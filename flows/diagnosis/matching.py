@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from rankstream.flows.diagnosis.calls import Calls
 from rankstream.flows.diagnosis.groups import Group

@@ -1,0 +1,231 @@
+"""Hang findings: what the wait-for graph says about who is at fault.
+
+In order: ranks stuck in a collective their peers completed; ranks waiting in a call the job does
+not issue there (an extra collective); ranks others wait for that went past the call (skipped
+it) or left no dump; the remaining sinks (a rank that never issued the call, with nothing to show
+where it went); cycles no sink explains (deadlocks).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rankstream.flows.diagnosis.evidence import siblings_of
+from rankstream.flows.diagnosis.findings import Finding
+from rankstream.flows.diagnosis.matching import Disagreement
+from rankstream.flows.diagnosis.origin import shift_origin
+from rankstream.flows.diagnosis.p2p import unmatched_p2p
+from rankstream.flows.diagnosis.program_order import completed_later, first_in_program
+from rankstream.flows.diagnosis.run import Run, place_of
+from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
+from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past, program_between,
+                                              waiting_positions)
+
+__all__ = ["wait_graph", "hang_findings"]
+
+
+def wait_graph(run: Run) -> WaitGraph:
+    graph = build_wait_graph(waiting_positions(run.calls, run.stateless), run.sequences, run.dumped,
+                             run.stateless)
+    for gap in unmatched_p2p(run.entries):
+        position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
+        graph.waiting.append(position)
+        graph.add(Edge(position, gap.peer, "absent"))
+    return graph
+
+
+def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement]) -> list[Finding]:
+    findings = []
+    disputed = {(p.group, p.seq) for p in graph.disputed}
+    explained = {rank for d in disagreements if (d.group.code, d.seq) in disputed for rank in d.values}
+    for position in graph.stuck:
+        findings.append(_stuck(run, graph, position))
+    settled = explained | {p.rank for p in graph.stuck}
+    extra = _extra_callers(run, graph)
+    for rank, position in extra.items():
+        findings.append(_extra(run, graph, rank, position))
+    settled |= set(extra)
+    passed = _gone_past(run, graph, settled)
+    for cycle in graph.cycles():  # two or more ranks that each went past a call: a deadlock
+        if len(set(cycle) & set(passed)) >= 2:
+            for rank in cycle:
+                passed.pop(rank, None)
+    for rank in sorted(passed):
+        findings.append(_absent(run, graph, rank, passed[rank]))
+    settled |= set(passed)
+    for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
+        if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
+            finding = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
+            if finding.kind == "skipped_collective":  # nothing shows it went past: it may be blocked in a
+                finding.evidence.append(f"nothing shows where rank {sink} went instead: it is stalled outside "
+                                        "collectives or blocked in a call the Flight Recorder does not record "
+                                        "(gloo's send/recv)")
+                finding.inferred = True  # ranked after the findings with direct evidence
+            findings.append(finding)
+            settled.add(sink)
+    reaching = graph.upstream(settled) | settled
+    for cycle in graph.cycles():
+        if set(cycle) & reaching:
+            continue
+        edges = [edge for rank in cycle for edge in graph.edges[rank] if edge.target in cycle]
+        first = edges[0].waiter
+        findings.append(Finding(
+            kind="deadlock", culprit_ranks=cycle, group=run.group(first.group).name,
+            group_desc=run.group(first.group).desc, seq=first.seq if first.seq > 0 else None,
+            waiting_ranks=sorted(graph.upstream(set(cycle))), in_flight=True,
+            evidence=[f"rank {e.waiter.rank} waits in {place_of(run, e.waiter)} for rank {e.target}" for e in edges]))
+    return findings
+
+
+def _legitimate(run: Run, position: Position) -> bool:
+    """Whether the call a rank waits in is one the job issues there: a sibling group issued the
+    same call at that sequence number, or the group's earlier calls predict it; and, when nobody
+    else ever got that far in the group, the rank's calls of the group line up with the program
+    (a rank with an extra call earlier is one ahead of everybody)."""
+    if position.seq < 0:
+        return True
+    seqs = run.sequences[position.group]
+    value = seqs.values_at(position.seq).get(position.rank)
+    family = siblings_of(seqs, run.sequences)
+    if any(value in s.values_at(position.seq).values() for s in family):
+        return True
+    history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
+    predicted = seqs.predicted(history, position.seq)
+    if predicted is not None and predicted != value:
+        return False
+    if family and len(seqs.values_at(position.seq)) == 1:
+        peers = [m for m in seqs.group.members if m != position.rank and m in run.dumped]
+        return shift_origin(run.calls, position.rank, position.group, peers, position.seq) is None
+    return True
+
+
+def _extra_callers(run: Run, graph: WaitGraph) -> dict[int, Position]:
+    """Ranks waiting, for peers that never came, in a call the job does not issue there."""
+    found = {}
+    for rank, edges in graph.edges.items():
+        for edge in edges:
+            if edge.how == "absent" and edge.target in run.dumped and not _legitimate(run, edge.waiter):
+                found.setdefault(rank, edge.waiter)
+    return found
+
+
+def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]]:
+    """Absent ranks that went past the call they are waited in (they skipped it): rank -> edges."""
+    group_desc = {code: group.desc or group.name for code, group in run.groups.items()}
+    references: dict[tuple[int, int], Counter] = {}
+    found: dict[int, list[Edge]] = {}
+    for edges in graph.edges.values():
+        for edge in edges:
+            if edge.how != "absent" or edge.target not in run.dumped or edge.target in settled \
+                    or edge.waiter.rank in settled or edge.waiter.seq <= 0:
+                continue
+            where = (edge.waiter.group, edge.waiter.seq)
+            if where not in references:
+                references[where] = _program_between(run, group_desc, edge.waiter.group, edge.waiter.seq)
+            if gone_past(edge, run.calls, group_desc, references[where]):
+                found.setdefault(edge.target, []).append(edge)
+    return found
+
+
+def _program_between(run: Run, group_desc: dict[int, str], group: int, seq: int) -> Counter:
+    """What the job issues between calls ``seq - 1`` and ``seq`` of a group, from its members and
+    its siblings, and from the same place one and two periods earlier (where only the rank at
+    fault got as far as ``seq``, its own gap would be the only example)."""
+    seqs = run.sequences[group]
+    family = [group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
+    reference = program_between(run.calls, group_desc, family, seq)
+    period = period_of(seqs.consensus())
+    for back in (period, 2 * period) if period else ():
+        if seq - back > 1:
+            reference |= program_between(run.calls, group_desc, family, seq - back)
+    return reference
+
+
+def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
+    seqs = run.sequences[position.group]
+    value = seqs.values_at(position.seq)[position.rank]
+    went_on = seqs.last_seq().get(position.rank, position.seq) > position.seq
+    state = "started" if seqs.states_at(position.seq)[position.rank] else "scheduled"
+    return Finding(
+        kind="state_mismatch" if went_on else "stuck_in_collective", culprit_ranks=[position.rank],
+        group=seqs.group.name, group_desc=seqs.group.desc, seq=position.seq, expected=run.describe(value),
+        actual=run.describe(value), waiting_ranks=sorted(graph.upstream({position.rank})), in_flight=True,
+        evidence=[f"every other member of {seqs.group.label} completed #{position.seq}; rank {position.rank}'s "
+                  f"entry is still {state}"] + ([f"rank {position.rank} enqueued later calls of the group"]
+                                                 if went_on else []))
+
+
+def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding:
+    seqs = run.sequences[position.group]
+    value = seqs.values_at(position.seq)[rank]
+    absent = sorted(e.target for e in graph.edges[rank] if e.waiter == position)
+    evidence = [f"rank {rank} waits in #{position.seq} of {seqs.group.label} for ranks {absent}, which never "
+                "issued it", "no sibling group issued that call there, and the group's earlier calls do not "
+                "predict it"]
+    seq, stretch = _origin(run, rank, seqs, position.seq, evidence)
+    return Finding(
+        kind="extra_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=seq, seq_range=stretch, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})),
+        in_flight=True, evidence=evidence)
+
+
+def _origin(run: Run, rank: int, seqs: GroupSequences, hang_seq: int,
+            evidence: list[str]) -> tuple[int, tuple[int, int] | None]:
+    """Where the rank's shift began, when long before the hang (see ``origin``), and the stretch
+    when its calls there are all alike (the dumps cannot tell which one it was)."""
+    peers = [m for m in seqs.group.members if m != rank and m in run.dumped]
+    stretch = shift_origin(run.calls, rank, seqs.group.code, peers, hang_seq)
+    if stretch is None:
+        return hang_seq, None
+    first, last = stretch
+    mine = seqs.calls_of(rank)
+    alike = last > first and len({mine.get(s) for s in range(first, last + 1)}) == 1
+    evidence.append(f"its calls of {seqs.group.label} stop lining up with its peers' program in the stretch "
+                    f"#{first}-#{last} (what it issued between them differs from then on)"
+                    + ("; those calls are identical, so which one it was cannot be told" if alike else "")
+                    + f"; the job ran on until #{hang_seq}")
+    return first, (first, last) if alike else None
+
+
+def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding:
+    """A rank others wait for in a call it never issued: it skipped it, or left no dump."""
+    if not edges:
+        edges = graph.into(rank)
+    where = first_in_program(run, edges).waiter
+    group = run.group(where.group)
+    waiting = sorted(graph.upstream({rank}))
+    if where.seq < 0:
+        gap = next(g for g in unmatched_p2p(run.entries) if g.waiter == where.rank and g.peer == rank)
+        kind = "p2p_unmatched" if rank in run.dumped else "missing_dump"
+        return Finding(kind=kind, culprit_ranks=[rank], group=group.name, group_desc=group.desc, seq=-where.seq,
+                       expected={"op": "recv" if gap.op == "send" else "send", "peer": gap.waiter},
+                       waiting_ranks=waiting, in_flight=True,
+                       evidence=[f"rank {gap.waiter}'s {gap.op} (p2p #{gap.p2p_seq} of {group.label}) has no "
+                                 f"counterpart posted by rank {rank}"])
+    seqs = run.sequences[where.group]
+    values = list(seqs.values_at(where.seq).values())
+    expected = max(set(values), key=values.count) if values else None
+    if rank not in run.dumped:
+        later = completed_later(run, rank, where)
+        if later is not None:  # it took part in a later call: it was alive and went past this one
+            return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name,
+                           group_desc=group.desc, seq=where.seq, expected=run.describe(expected),
+                           waiting_ranks=waiting, in_flight=True, evidence=[
+                               f"rank {rank} left no dump, but its peers completed {later} with it, which comes "
+                               f"after #{where.seq} of {group.label} in their program: it went past it"])
+        return Finding(kind="missing_dump", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
+                       seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
+                       evidence=[f"rank {rank} left no dump; {len(waiting)} rank(s) wait for it, first in "
+                                 f"{place_of(run, where)}"])
+    last = seqs.last_seq().get(rank)
+    evidence = [f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
+                f"; its peers wait in #{where.seq}"]
+    now = [p for p in graph.waiting if p.rank == rank]
+    if now:
+        evidence.append(f"rank {rank} went on: it is now in {place_of(run, now[0])}")
+    seq, stretch = _origin(run, rank, seqs, where.seq, evidence)
+    return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
+                   seq=seq, seq_range=stretch, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
+                   evidence=evidence)
+
+

@@ -1,0 +1,47 @@
+"""What every step of the diagnosis shares: the entries, their calls per group, the groups, which
+ranks' entries never say whether they finished, and how to describe a call."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rankstream.flows.diagnosis.calls import Calls, collective_calls
+from rankstream.flows.diagnosis.entries import Entries
+from rankstream.flows.diagnosis.groups import Group, find_groups
+from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
+
+__all__ = ["Run", "place_of"]
+
+
+class Run:
+    """What the steps share: the entries, their calls, the groups and how to describe a call."""
+
+    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int]) -> None:
+        self.entries = entries
+        self.groups, self.world = find_groups(entries, listed, dumped)
+        self.dumped = set(dumped)
+        self.calls: Calls = collective_calls(entries)
+        self.sequences: dict[int, GroupSequences] = split_by_group(self.calls, self.groups)
+        self.stateless = stateless_ranks(entries)
+
+    def describe(self, value: int | None) -> dict | None:
+        if value is None:
+            return None
+        op, shape, dtype = self.calls.unpack(value)
+        vocab = self.entries.vocabulary
+        return {"op": vocab.ops[op], "shape": vocab.text("shapes", shape), "dtype": vocab.text("dtypes", dtype)}
+
+    def group(self, code: int) -> Group:
+        return self.groups[code]
+
+
+def stateless_ranks(entries: Entries) -> set[int]:
+    """Ranks whose entries never say whether they finished (gloo: all 'scheduled', no times)."""
+    progressed = np.unique(entries.rank[entries.state > 0])
+    return set(np.unique(entries.rank).tolist()) - set(progressed.tolist())
+
+
+def place_of(run: Run, position) -> str:
+    """A position as words: ``#N of tp (pg 3)``, or ``p2p #N of ...``."""
+    group = run.group(position.group).label
+    return f"p2p #{-position.seq} of {group}" if position.seq < 0 else f"#{position.seq} of {group}"

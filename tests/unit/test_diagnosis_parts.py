@@ -1,0 +1,161 @@
+"""The diagnosis's parts, each on small hand-made input: op names, the two conversions, periods,
+tie-breaking evidence, the wait-for graph, p2p pairing, stragglers, shifted stretches, group
+inference and the text rendering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rankstream.flows.diagnosis.calls import collective_calls
+from rankstream.flows.diagnosis.columnar import from_dump_entries_arrow
+from rankstream.flows.diagnosis.engine import diagnose
+from rankstream.flows.diagnosis.entries import Vocabulary, concatenate, from_dump_entries, parse_op, recoded
+from rankstream.flows.diagnosis.groups import find_groups
+from rankstream.flows.diagnosis.origin import shift_origin
+from rankstream.flows.diagnosis.p2p import unmatched_p2p
+from rankstream.flows.diagnosis.render import rank_ranges, render_text
+from rankstream.flows.diagnosis.report import Report
+from rankstream.flows.diagnosis.sequences import period_of, split_by_group
+from rankstream.flows.diagnosis.stragglers import find_stragglers
+from rankstream.flows.diagnosis.waits import Edge, Position, WaitGraph
+
+
+def entry(record, group, seq, op, size=8, state="completed", created=0, dtype="Float", p2p_seq=0):
+    return {"record_id": record, "process_group": group, "collective_seq_id": seq, "p2p_seq_id": p2p_seq,
+            "profiling_name": f"nccl:{op}", "input_sizes": [[size]], "output_sizes": [[size]],
+            "input_dtypes": [dtype], "output_dtypes": [dtype], "state": state, "time_created_ns": created,
+            "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
+
+
+def job(programs: dict[int, list[tuple]], group=("0", "default_pg")) -> tuple:
+    """Entries of ranks whose calls are ``(op, size, state, created)`` tuples in one group."""
+    vocabulary, parts = Vocabulary(), []
+    for rank, calls in programs.items():
+        rows = [entry(i, group, i + 1, *call) for i, call in enumerate(calls)]
+        parts.append(from_dump_entries(rows, rank, {}, vocabulary))
+    return concatenate(parts, vocabulary), sorted(programs)
+
+
+def test_op_names_and_p2p_peers():
+    assert parse_op("nccl:all_reduce") == ("all_reduce", -1, -1)
+    assert parse_op("nccl:send 0->1") == ("send", 0, 1)
+    assert parse_op("gloo:recv 1<-0") == ("recv", 0, 1)
+    assert parse_op("nccl:send x->y") == ("send", -1, -1)
+
+
+def test_the_arrow_conversion_gives_the_python_conversion_s_columns():
+    rows = [entry(i, ("3", "tp"), i + 1, op, size, state) for i, (op, size, state) in
+            enumerate([("all_reduce", 8, "completed"), ("broadcast", 4, "started"), ("all_reduce", 8, "scheduled")])]
+    rows.append({**entry(3, ("4", "pp"), 0, "send 0->1", p2p_seq=1), "profiling_name": "nccl:send 0->1"})
+    one, other = Vocabulary(), Vocabulary()
+    python = recoded(from_dump_entries(rows, 2, {"4": [2, 6]}, one), Vocabulary())
+    arrow = recoded(from_dump_entries_arrow(rows, 2, {"4": [2, 6]}, other), Vocabulary())
+    for name in ("seq", "p2p_seq", "is_p2p", "peer", "state", "record"):
+        assert np.array_equal(getattr(python, name), getattr(arrow, name)), name
+    for name, kind in (("group", "groups"), ("op", "ops"), ("shape", "shapes"), ("dtype", "dtypes")):
+        def texts(entries):
+            return [entries.vocabulary.text(kind, c) for c in getattr(entries, name).tolist()]
+        assert texts(python) == texts(arrow), name  # the same values (codes are each table's own)
+    assert arrow.peer.tolist()[-1] == 6  # group-local 1 is global rank 6
+
+
+def test_a_period_predicts_the_next_call():
+    assert period_of({1: 5, 2: 6, 3: 5, 4: 6, 5: 5, 6: 6}) == 2
+    assert period_of({1: 5, 2: 6, 3: 7}) is None
+
+
+def test_a_two_rank_tie_is_broken_by_the_group_s_history():
+    pattern = [("all_gather", 8), ("reduce_scatter", 8)] * 6
+    bad = pattern[:-1] + [("broadcast", 8)]
+    entries, dumped = job({0: pattern, 1: bad})
+    [finding] = diagnose(entries, listed={}, dumped=dumped).findings
+    assert (finding.kind, finding.culprit_ranks, finding.seq) == ("type_mismatch", [1], 12)
+    assert any("period" in line for line in finding.evidence)
+
+
+def test_a_tie_without_evidence_says_undetermined_and_why():
+    entries, dumped = job({0: [("all_reduce", 8)], 1: [("broadcast", 8)]})
+    [finding] = diagnose(entries, listed={}, dumped=dumped).findings
+    assert finding.culprit_ranks == [] and "undetermined between ranks 0, 1" in finding.culprit_reason
+
+
+def test_cycles_sinks_and_upstream_of_the_wait_for_graph():
+    graph = WaitGraph()
+    for waiter, target in ((0, 1), (1, 2), (2, 1), (3, 4), (5, 0)):
+        graph.add(Edge(Position(waiter, 0, 1), target, "absent"))
+    assert graph.cycles() == [[1, 2]]
+    assert graph.sinks() == [4]
+    assert graph.upstream({1}) == {0, 2, 5}
+
+
+def test_an_unfinished_send_without_its_receive_waits_for_the_receiver():
+    vocabulary = Vocabulary()
+    sender = [entry(0, ("9", "pp"), 0, "send 0->1", state="started", p2p_seq=1)]
+    receiver = [entry(0, ("9", "pp"), 0, "recv 1<-0", state="completed", p2p_seq=1)]
+    entries = concatenate([from_dump_entries(sender, 4, {"9": [4, 5]}, vocabulary),
+                           from_dump_entries(receiver, 5, {"9": [4, 5]}, vocabulary)], vocabulary)
+    [gap] = unmatched_p2p(entries)
+    assert (gap.waiter, gap.peer, gap.op, gap.p2p_seq) == (4, 5, "send", 1)
+
+
+def test_stragglers_need_lateness_beyond_the_noise():
+    rng = np.random.default_rng(0)
+    def run(late_ms, noise_ms, ranks=4, steps=40):
+        programs = {r: [("all_reduce", 8, "completed", int(1e9 + s * 1e8 + rng.normal(0, noise_ms) * 1e6
+                                                          + (late_ms * 1e6 if r == 2 else 0)))
+                        for s in range(steps)] for r in range(ranks)}
+        entries, dumped = job(programs)
+        return find_stragglers(collective_calls(entries), {0: ranks})
+    assert [s.rank for s in run(late_ms=20, noise_ms=0.1)] == [2]
+    assert run(late_ms=0, noise_ms=3) == []
+    assert run(late_ms=0.3, noise_ms=0.05, ranks=2) == []  # a pair where one is always a little later
+
+
+def test_a_shifted_stretch_is_found_where_it_began():
+    vocabulary = Vocabulary()
+    def program(rank, skip):
+        rows, record, dp_seq = [], 0, 0
+        for step in range(6):
+            rows.append(entry(record, ("1", "tp"), step + 1, "all_gather"))
+            record += 1
+            for bucket in range(2):
+                if skip and step == 3 and bucket == 0:
+                    continue
+                dp_seq += 1
+                rows.append(entry(record, ("2", "dp"), dp_seq, "all_reduce"))
+                record += 1
+        return from_dump_entries(rows, rank, {}, vocabulary)
+    entries = concatenate([program(0, False), program(1, True)], vocabulary)
+    calls = collective_calls(entries)
+    dp = vocabulary.groups.index(("2", "dp"))
+    assert shift_origin(calls, 1, dp, [0], before=20) == (7, 7)
+    assert shift_origin(calls, 0, dp, [0], before=20) is None
+
+
+def test_a_group_nobody_listed_gets_the_member_that_left_no_dump():
+    vocabulary, parts = Vocabulary(), []
+    for rank in (0, 1, 2, 4):  # rank 3 left no dump; its pair (2, 3) logged only rank 2
+        rows = [entry(0, (str(10 + rank // 2), "tp"), 1, "all_gather")]
+        parts.append(from_dump_entries(rows, rank, {}, vocabulary))
+    parts.append(from_dump_entries([entry(0, ("12", "tp"), 1, "all_gather")], 5, {}, vocabulary))
+    groups, world = find_groups(concatenate(parts, vocabulary), {"0": list(range(6))}, [0, 1, 2, 4, 5])
+    assert world == 6
+    assert {g.name: g.members for g in groups.values()}["11"] == (2, 3)
+
+
+def test_rank_ranges_and_the_text_stays_within_120_columns():
+    assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    entries, dumped = job({r: [("all_reduce", 8)] * 3 + [("all_reduce", 8 if r != 37 else 4)] for r in range(64)})
+    lines = render_text(Report("run", diagnose(entries, listed={}, dumped=dumped)))
+    assert lines[0][0].startswith("DESYNC: root cause: rank 37 used other tensor sizes")
+    assert all(len(line) <= 120 for line, _ in lines)
+
+
+@pytest.mark.parametrize("states,kind", [(("started", "completed"), "stuck_in_collective")])
+def test_a_rank_still_in_a_collective_its_peers_completed_is_stuck(states, kind):
+    programs = {0: [("all_reduce", 8, "completed"), ("all_reduce", 8, states[0])],
+                1: [("all_reduce", 8, "completed"), ("all_reduce", 8, states[1])]}
+    entries, dumped = job(programs)
+    root = diagnose(entries, listed={}, dumped=dumped).root
+    assert (root.kind, root.culprit_ranks, root.seq) == (kind, [0], 2)
