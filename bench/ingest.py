@@ -153,7 +153,7 @@ def freshness_probe(config, stop: threading.Event, samples: list[float]) -> None
     marker = 0
     while not stop.is_set():
         emitted_at = time.monotonic()
-        producer.emit("freshness-probe", "probe", "i", time.time_ns(), 0, 0, 0, marker)
+        producer.emit("freshness-probe", "probe", "i", ts_ns=time.time_ns(), dur_ns=0, pid=0, tid=0, step=marker)
         marker += 1
         while not stop.is_set():
             visible = database.fetchall(

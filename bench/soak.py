@@ -350,7 +350,8 @@ def broker_restart(root: Path, name: str, window_bytes: int | None, outage_s: fl
     def rank(number: int) -> None:
         for step in range(steps):
             for index in range(per_step):
-                producers[number].emit("op", "cpu_op", "X", time.time_ns(), 1000, number, 1, step, None, index)
+                producers[number].emit("op", "cpu_op", "X", ts_ns=time.time_ns(), dur_ns=1000, pid=number, tid=1,
+                                       step=step, flow_id=None, correlation_id=index)
             done_steps[number] = step + 1
             time.sleep(0.04)
 
@@ -448,7 +449,8 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     step = 0
     while time.monotonic() < deadline:
         for index in range(1000):
-            producer.emit("burst_op", "cpu_op", "X", time.time_ns(), 1000, rank, 1, step, None, index)
+            producer.emit("burst_op", "cpu_op", "X", ts_ns=time.time_ns(), dur_ns=1000, pid=rank, tid=1, step=step,
+                          flow_id=None, correlation_id=index)
         step += 1
     emitted_stats = producer.stats()
     closing = time.monotonic()

@@ -214,5 +214,5 @@ class FlightRecorderTap:
         frame = sys._current_frames().get(self._main_thread)
         frames = [{"name": f.name, "filename": f.filename, "line": f.lineno}
                   for f in reversed(traceback.extract_stack(frame))][:40] if frame is not None else []
-        self._producer.emit(name, "rankstream", "i", time.time_ns(), 0, 0, 0, None, None, None,
-                            {**args, "frames": frames})
+        self._producer.emit(name, "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=0, tid=0, step=None,
+                            flow_id=None, correlation_id=None, args={**args, "frames": frames})

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -32,20 +31,15 @@ from typing import Any, Iterable, Mapping
 from rankstream.schemas.config import Config, ProducerSettings
 from rankstream.schemas.settings import load_config
 from rankstream.producers.delivery import Delivery
-from rankstream.producers.spool import Spool, SpooledMessage
+from rankstream.producers.sender import SenderLoop
+from rankstream.producers.spool import Spool
 from rankstream.producers.transport import KafkaTransport, Transport
-from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind, Stream
-from rankstream.schemas.records import HEARTBEAT_COUNTERS, FrBatch, Heartbeat, PgConfig, RankMeta
 from rankstream.schemas.topics import message_key, topic_for
 from rankstream.schemas.trace import TraceBatch
 
 __all__ = ["Producer", "ProducerStats"]
 
-#: How often the sender thread wakes, as a fraction of the flush interval. Each wake takes the GIL
-#: from the training thread (which can then wait up to the interpreter's 5 ms switch interval),
-#: so it wakes rarely and cuts every full batch at once.
-_TICKS_PER_FLUSH = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +76,7 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
-class Producer:
+class Producer(SenderLoop):
     """Streams one rank's trace events, Flight Recorder entries and metadata to the bus.
 
     ``transport`` replaces Kafka (tests pass an in-memory one); by default the configured Kafka
@@ -148,7 +142,7 @@ class Producer:
         self._thread.start()
 
     # -- training-thread API: append only ----------------------------------------------------
-    def emit(self, name: str, cat: str = "", ph: str = "X", ts_ns: int = 0, dur_ns: int = 0,
+    def emit(self, name: str, cat: str = "", ph: str = "X", *, ts_ns: int = 0, dur_ns: int = 0,
              pid: int = 0, tid: int = 0, step: int | None = None, flow_id: int | None = None,
              correlation_id: int | None = None, args: Mapping[str, Any] | None = None) -> None:
         """Queue one trace event (Chrome trace semantics, nanosecond times). Never blocks or raises."""
@@ -277,146 +271,3 @@ class Producer:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-    # -- sender thread --------------------------------------------------------------------------
-    def _run(self) -> None:
-        settings = self._config.producer
-        last_cut = last_heartbeat = time.monotonic()
-        try:
-            while not self._stopping.is_set():
-                now = time.monotonic()
-                flush = self._flush_requested.is_set()
-                due = flush or now - last_cut >= settings.flush_interval_s
-                if len(self._rows) >= settings.batch_events or (due and self._rows):
-                    self._cut_trace_batches(whole=due)
-                    last_cut = now
-                elif due:
-                    last_cut = now
-                self._send_control()
-                if now - last_heartbeat >= settings.heartbeat_interval_s:
-                    self._send_heartbeat(final=False)
-                    last_heartbeat = now
-                self._delivery.pump(now)
-                if flush:
-                    self._wait_delivered(5.0)
-                self._refusing = self._delivery.refusing()  # set before a flush is reported done
-                if flush:
-                    self._flush_requested.clear()
-                    self._flushed.set()
-                if len(self._rows) < settings.batch_events:
-                    self._stopping.wait(settings.flush_interval_s / _TICKS_PER_FLUSH)
-            self._shutdown()
-        except Exception as exc:  # never let the sender thread die silently
-            self._delivery.count_dropped(len(self._rows))
-            self._rows.clear()
-            print(f"rankstream: producer sender thread stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-        finally:
-            self._flushed.set()
-            self._stopped.set()
-
-    def _wait_delivered(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self._delivery.pump()
-            counters = self._delivery.counters()
-            if counters.pending_bytes == 0 and counters.inflight_bytes == 0 and counters.spool_bytes == 0:
-                return
-            if counters.health == "down":
-                return
-            time.sleep(0.002)
-
-    def _shutdown(self) -> None:
-        self._cut_trace_batches(whole=True)
-        self._send_control()
-        self._send_heartbeat(final=True)
-        self._delivery.drain(timeout_s=self._close_timeout)
-        self._transport.close()
-
-    def _cut_trace_batches(self, whole: bool) -> None:
-        """Pop full batches (and, if ``whole``, the remainder) and encode them."""
-        size = self._config.producer.batch_events
-        rows_queue = self._rows
-        while len(rows_queue) >= size or (whole and rows_queue):
-            count = min(size, len(rows_queue))
-            rows = [rows_queue.popleft() for _ in range(count)]
-            self._emitted += count
-            if self._delivery.refusing():
-                self._delivery.count_dropped(count)
-            else:
-                self._send_trace_rows(rows)
-
-    def _send_trace_rows(self, rows: list[tuple]) -> None:
-        try:
-            wire = TraceBatch.from_rows(rows).to_wire()
-            self._submit(PayloadKind.TRACE_BATCH, wire, len(rows))
-        except _TooLarge:
-            if len(rows) == 1:
-                self._delivery.count_dropped(1)
-                return
-            half = len(rows) // 2
-            self._send_trace_rows(rows[:half])
-            self._send_trace_rows(rows[half:])
-        except Exception:  # a value the encoder cannot take: drop this batch, keep going
-            self._delivery.count_dropped(len(rows))
-
-    def _send_batch(self, batch: TraceBatch) -> None:
-        self._batch_events_taken += batch.count
-        self._emitted += batch.count
-        if self._delivery.refusing():
-            self._delivery.count_dropped(batch.count)
-            return
-        try:
-            self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), batch.count)
-        except Exception:  # above the message cap: the importer that built it cuts by size
-            self._delivery.count_dropped(batch.count)
-
-    def _announce_again(self) -> None:
-        """After a broker restart, send who this rank is and its groups again: the resend window
-        may no longer hold them, and without them the run's other rows have no context."""
-        self._control.append((PayloadKind.RANK_META, {}))
-        if self._groups is not None:
-            self._control.append((PayloadKind.PG_CONFIG, self._groups))
-
-    def _send_control(self) -> None:
-        while self._control:
-            kind, data = self._control.popleft()
-            if kind is PayloadKind.TRACE_BATCH:
-                self._send_batch(data)
-                continue
-            if kind is PayloadKind.FR_BATCH and self._delivery.refusing():
-                continue  # the spool would drop them: do not encode them
-            try:
-                if kind is PayloadKind.FR_BATCH:
-                    entries, snapshot_ns = data
-                    wire = FrBatch(snapshot_ns=snapshot_ns, entries=entries).to_wire()
-                elif kind is PayloadKind.PG_CONFIG:
-                    wire = PgConfig(groups=data).to_wire()
-                    self._groups = data
-                else:  # RANK_META: merge the update into what was sent before
-                    self._rank_meta.update(data)
-                    wire = RankMeta(fields=dict(self._rank_meta)).to_wire()
-                self._submit(kind, wire, 0)
-            except Exception:
-                continue  # malformed user data: the consumer would reject it anyway
-
-    def _send_heartbeat(self, final: bool) -> None:
-        stats = self.stats()
-        wire = Heartbeat(fields={
-            **{name: getattr(stats, name) for name in HEARTBEAT_COUNTERS},
-            "final": final,
-            "collectives": self._collectives,
-        }).to_wire()
-        self._submit(PayloadKind.HEARTBEAT, wire, 0)
-
-    def _submit(self, kind: PayloadKind, wire: Any, events: int) -> None:
-        stream = kind.stream
-        value = encode_wire(run_id=self.run_id, rank=self.rank, world_size=self.world_size,
-                            session_id=self.session_id, seq=self._seq[stream], kind=kind, wire_payload=wire)
-        if len(value) > MAX_MESSAGE_BYTES:
-            raise _TooLarge()
-        self._seq[stream] += 1
-        self._delivery.submit(SpooledMessage(self._topics[stream], self._key, value, events))
-
-
-class _TooLarge(Exception):
-    """An encoded batch above the message cap; the caller splits it."""

@@ -164,13 +164,12 @@ class ProfilerStream:
         emit = self._producer.emit
         if (pid, 0) not in self._named:
             self._named.add((pid, 0))
-            emit("process_name", "__metadata", "M", ts, 0, pid, 0, None, None, None,
-                 {"name": f"rank {self._rank}" + (f" (pid {pid})" if pid == os.getpid() else "")})
-            emit("process_sort_index", "__metadata", "M", ts, 0, pid, 0, None, None, None,
-                 {"sort_index": self._rank})
+            emit("process_name", "__metadata", "M", ts_ns=ts, pid=pid,
+                 args={"name": f"rank {self._rank}" + (f" (pid {pid})" if pid == os.getpid() else "")})
+            emit("process_sort_index", "__metadata", "M", ts_ns=ts, pid=pid, args={"sort_index": self._rank})
         self._named.add((pid, tid))
-        emit("thread_name", "__metadata", "M", ts, 0, pid, tid, None, None, None,
-             {"name": thread_names.get(tid, f"thread {tid}")})
+        emit("thread_name", "__metadata", "M", ts_ns=ts, pid=pid, tid=tid,
+             args={"name": thread_names.get(tid, f"thread {tid}")})
 
 
 def _jsonable(value: Any) -> Any:

@@ -128,8 +128,9 @@ class RankSession:
             except Exception as exc:  # a peer did not join within the timeout, or the store is gone
                 self.clock_failures += 1
                 failure = {"round": rounds.round if rounds else None, "error": str(exc)[:300]}
-                self.producer.emit("clock_sync_failed", "rankstream", "i", time.time_ns(), 0, self.pid, 0,
-                                   self.step, None, None, failure)
+                self.producer.emit("clock_sync_failed", "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0,
+                                   pid=self.pid, tid=0, step=self.step, flow_id=None,
+                                   correlation_id=None, args=failure)
                 # retry soon, so a short job still gets a sample, backing off while peers stay away
                 self._stop.wait(min(retry_s, self._clock_interval))
                 retry_s *= 2
@@ -173,8 +174,8 @@ class RankSession:
     def emergency_flush(self, reason: str) -> None:
         """On a crash path: snapshot FR and push what is buffered, without closing anything."""
         try:
-            self.producer.emit("process_exit", "rankstream", "i", time.time_ns(), 0, self.pid, 0, self.step,
-                               None, None, {"reason": reason})
+            self.producer.emit("process_exit", "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=self.pid, tid=0,
+                               step=self.step, flow_id=None, correlation_id=None, args={"reason": reason})
             if self.tap:
                 self.tap.snapshot()
             self.producer.flush(timeout_s=3.0)

@@ -98,18 +98,19 @@ class span:
     def __enter__(self) -> "span":
         s = _session
         if s is not None:
-            s.producer.emit(self.name, self.cat, "B", time.time_ns(), 0, s.pid, _get_tid(), s.step, None, None,
-                            self.args)
+            s.producer.emit(self.name, self.cat, "B", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(),
+                            step=s.step, flow_id=None, correlation_id=None, args=self.args)
         return self
 
     def __exit__(self, kind, value, traceback) -> bool:
         s = _session
         if s is not None:
             now, tid = time.time_ns(), _get_tid()
-            s.producer.emit(self.name, self.cat, "E", now, 0, s.pid, tid, s.step)
+            s.producer.emit(self.name, self.cat, "E", ts_ns=now, dur_ns=0, pid=s.pid, tid=tid, step=s.step)
             if kind is not None:
-                s.producer.emit(f"{self.name}:error", "error", "i", now, 0, s.pid, tid, s.step, None, None,
-                                {"error": kind.__name__, "message": str(value)[:500]})
+                s.producer.emit(f"{self.name}:error", "error", "i", ts_ns=now, dur_ns=0, pid=s.pid, tid=tid,
+                                step=s.step, flow_id=None, correlation_id=None,
+                                args={"error": kind.__name__, "message": str(value)[:500]})
         return False
 
     def __call__(self, function: Callable) -> Callable:
@@ -124,14 +125,16 @@ class span:
 def instant(name: str, cat: str = "user_instant", **args: Any) -> None:
     s = _session
     if s is not None:
-        s.producer.emit(name, cat, "i", time.time_ns(), 0, s.pid, _get_tid(), s.step, None, None, args or None)
+        s.producer.emit(name, cat, "i", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(), step=s.step,
+                        flow_id=None, correlation_id=None, args=args or None)
 
 
 def counter(name: str, values: Mapping[str, float], cat: str = "user_counter") -> None:
     """A Chrome counter event: one track per key of ``values``."""
     s = _session
     if s is not None:
-        s.producer.emit(name, cat, "C", time.time_ns(), 0, s.pid, _get_tid(), s.step, None, None, values)
+        s.producer.emit(name, cat, "C", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(), step=s.step,
+                        flow_id=None, correlation_id=None, args=values)
 
 
 def step(number: int | None = None) -> int | None:
@@ -140,7 +143,7 @@ def step(number: int | None = None) -> int | None:
     if s is None:
         return None
     s.step = number if number is not None else (0 if s.step is None else s.step + 1)
-    s.producer.emit("step", "step", "i", time.time_ns(), 0, s.pid, _get_tid(), s.step)
+    s.producer.emit("step", "step", "i", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(), step=s.step)
     return s.step
 
 

@@ -69,12 +69,14 @@ def run_synthetic_rank(job: SyntheticJob, rank: int, producer: Producer, pace_s:
     for step in range(job.steps):
         step_start = now
         entries = []
-        producer.emit("dataloader::next", "user_annotation", "X", now, 800_000, pid, main_tid, step)
+        producer.emit("dataloader::next", "user_annotation", "X", ts_ns=now, dur_ns=800_000, pid=pid, tid=main_tid,
+                      step=step)
         now += 800_000
         for i in range(ops_per_step):
             names = _FORWARD if i < ops_per_step // 2 else _BACKWARD
             duration = rng.randint(2_000, 40_000)
-            producer.emit(names[i % len(names)], "cpu_op", "X", now, duration, pid, main_tid, step, None, i)
+            producer.emit(names[i % len(names)], "cpu_op", "X", ts_ns=now, dur_ns=duration, pid=pid, tid=main_tid,
+                          step=step, flow_id=None, correlation_id=i)
             now += duration + 500
         for desc, op, size in (("default_pg", "all_reduce", 4096), ("tp", "all_gather", 1024),
                                ("default_pg", "broadcast", 256)):
@@ -82,8 +84,9 @@ def run_synthetic_rank(job: SyntheticJob, rank: int, producer: Producer, pace_s:
                 continue
             duration = rng.randint(200_000, 900_000) + (rank * 20_000)
             group = mine[desc]
-            producer.emit(f"gloo:{op}", "kernel", "X", now, duration, pid, comm_tid, step, record_id, None,
-                          {"group": group["pg_name"], "seq": seq[desc]})
+            producer.emit(f"gloo:{op}", "kernel", "X", ts_ns=now, dur_ns=duration, pid=pid, tid=comm_tid, step=step,
+                          flow_id=record_id, correlation_id=None,
+                          args={"group": group["pg_name"], "seq": seq[desc]})
             out = [[size * len(group["ranks"])]] if op == "all_gather" else [[size]]
             entries.append({
                 "record_id": record_id, "pg_id": int(group["pg_name"]), "pg_name": group["pg_name"],
@@ -98,11 +101,13 @@ def run_synthetic_rank(job: SyntheticJob, rank: int, producer: Producer, pace_s:
             record_id += 1
             seq[desc] += 1
             now += duration
-        producer.emit("Optimizer.step#SGD.step", "user_annotation", "X", now, 300_000, pid, main_tid, step)
+        producer.emit("Optimizer.step#SGD.step", "user_annotation", "X", ts_ns=now, dur_ns=300_000, pid=pid,
+                      tid=main_tid, step=step)
         now += 300_000
-        producer.emit("memory", "counter", "C", now, 0, pid, main_tid, step, None, None,
-                      {"allocated_mb": 512 + step % 7})
-        producer.emit(f"ProfilerStep#{step}", "user_annotation", "X", step_start, now - step_start, pid, main_tid, step)
+        producer.emit("memory", "counter", "C", ts_ns=now, dur_ns=0, pid=pid, tid=main_tid, step=step, flow_id=None,
+                      correlation_id=None, args={"allocated_mb": 512 + step % 7})
+        producer.emit(f"ProfilerStep#{step}", "user_annotation", "X", ts_ns=step_start, dur_ns=now - step_start,
+                      pid=pid, tid=main_tid, step=step)
         emitted += ops_per_step + 4 + len(entries)
         producer.emit_fr_entries(entries)
         producer.set_collectives({g["pg_name"]: {"last_enqueued": seq[d] - 1, "last_completed": seq[d] - 1}

@@ -22,7 +22,7 @@ def emit_steps(producer, label, steps, per_step=1_000):
     for step in range(steps):
         for i in range(per_step):
             started = time.perf_counter()
-            producer.emit(label, "cpu_op", "X", time.time_ns(), 10, 1, 1, step)
+            producer.emit(label, "cpu_op", "X", ts_ns=time.time_ns(), dur_ns=10, pid=1, tid=1, step=step)
             slowest = max(slowest, time.perf_counter() - started)
     return slowest
 

@@ -40,7 +40,8 @@ def burst_rank(rank: int, world: int, seconds: float, config, go, results) -> No
     deadline, step = time.monotonic() + seconds, 0
     while time.monotonic() < deadline:
         for index in range(1000):
-            producer.emit("burst_op", "cpu_op", "X", time.time_ns(), 1000, rank, 1, step, None, index)
+            producer.emit("burst_op", "cpu_op", "X", ts_ns=time.time_ns(), dur_ns=1000, pid=rank, tid=1, step=step,
+                          flow_id=None, correlation_id=index)
         step += 1
     stats = producer.close(timeout_s=120)
     results.put({"accepted": stats.events_emitted, "dropped": stats.events_dropped,

@@ -46,7 +46,7 @@ def test_construction_and_emit_never_wait_for_the_broker(make_config, bus):
     started = time.perf_counter()
     producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=transport)
     for i in range(10_000):
-        producer.emit("op", "cpu_op", "X", i, 1)
+        producer.emit("op", "cpu_op", "X", ts_ns=i, dur_ns=1)
     elapsed = time.perf_counter() - started
     assert elapsed < 0.5, f"construction + 10k emits took {elapsed:.2f}s while connect blocks for 1 s"
     assert all(name.startswith("rankstream-sender") for name in transport.connect_threads)
@@ -73,7 +73,7 @@ def test_every_event_arrives_exactly_once_with_gapless_sequences(make_config, bu
 
 def test_emit_survives_any_arguments(make_config, bus):
     producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus))
-    producer.emit(["unhashable"], None, 3, "not-a-time", float("nan"), step=2**80, args=object())
+    producer.emit(["unhashable"], None, 3, ts_ns="not-a-time", dur_ns=float("nan"), step=2**80, args=object())
     producer.emit("fine", ts_ns=5)
     producer.emit_fr_entries([{"not": "an fr entry"}])
     producer.emit_rank_metadata(metadata={"x": float("inf")})
@@ -105,7 +105,7 @@ def test_queued_events_with_args_never_reach_the_oldest_gc_generation(make_confi
     gc.collect()
     before = len(gc.get_objects(2))
     for i in range(20_000):
-        producer.emit("metric", "user_counter", "C", i, args={"value": float(i), "name": "loss"})
+        producer.emit("metric", "user_counter", "C", ts_ns=i, args={"value": float(i), "name": "loss"})
     gc.collect(1)
     gc.collect(1)  # two young collections: anything still tracked is now in the oldest generation
     assert len(gc.get_objects(2)) - before < 2_000
@@ -177,7 +177,7 @@ def test_full_spool_drops_and_counts(make_config, bus):
 
 
 def test_a_full_spool_costs_no_encoding_and_takes_messages_again_once_replayed(make_config, bus, monkeypatch):
-    from rankstream.producers import producer as producer_module
+    from rankstream.producers import sender as producer_module
 
     encoded = []
     original = producer_module.TraceBatch.from_rows
@@ -214,7 +214,8 @@ def test_while_the_spool_refuses_emit_drops_and_counts_without_queueing(make_con
     assert producer.refusing
     before = producer.stats()
     for i in range(1_000):
-        producer.emit("more", "user_counter", "C", i, 0, 0, 0, None, None, None, {"value": 1.0})
+        producer.emit("more", "user_counter", "C", ts_ns=i, dur_ns=0, pid=0, tid=0, step=None, flow_id=None,
+                      correlation_id=None, args={"value": 1.0})
     batch = TraceBatch.from_rows([("window", "cpu_op", "X", i, 1, 0, 0, None, None, None, None) for i in range(50)])
     assert not producer.offer_batch(batch)
     after = producer.stats()
