@@ -28,7 +28,8 @@ from typing import Callable
 
 from rankstream.schemas.config import Config
 from rankstream.consumers.source import KafkaSource, Source
-from rankstream.consumers.store import PreparedBatch, Store, prepare, summarize_lag
+from rankstream.consumers.prepare import PreparedBatch, prepare
+from rankstream.consumers.store import Store, summarize_lag
 from rankstream.schemas.errors import RankstreamError
 
 __all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S"]

@@ -35,10 +35,10 @@ PER_EXAMPLE = 100
 @pytest.fixture(scope="module")
 def valid_messages(tmp_path_factory):
     """(topic, key, value) of a small synthetic job, and its number of trace events."""
-    from rankstream.schemas.settings import load_config
+    from rankstream.schemas.settings import load_config, with_overrides
 
     config = load_config({"state_dir": tmp_path_factory.mktemp("fuzz"), "topic_prefix": "fz"}, env={})
-    config = config.with_overrides(**{"producer.batch_events": 50})  # several batches per rank, uneven
+    config = with_overrides(config, **{"producer.batch_events": 50})  # several batches per rank, uneven
     bus = MemoryBus(partitions=2)
     emitted = 0
     for rank in range(2):

@@ -81,7 +81,7 @@ def _events(db: Path) -> int:
 @pytest.mark.parametrize("value", INJECTIONS)
 def test_run_ids_from_the_command_line_are_bound_not_pasted(built_db, value, tmp_path):
     before = _events(built_db)
-    for args in (["report", value], ["analyze", "run", "--run", value],
+    for args in (["report", "--run", value], ["analyze", "run", "--run", value],
                  ["timeline", "--run", value, "-o", str(tmp_path / "t.json")]):
         result = rankstream(built_db, *args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
