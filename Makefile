@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e ".[flows,dev]"
+	$(PY) -m pip install -q -e ".[server,flows,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

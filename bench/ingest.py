@@ -43,7 +43,7 @@ from rankstream.consumers.query_server import server_socket
 from rankstream.deploy.broker import stop_broker
 from rankstream.schemas.processes import stop_process
 from rankstream.services import start_embedded_broker
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 
 NAMES = ("aten::linear", "aten::addmm", "aten::relu", "aten::mm", "aten::sum", "gloo:all_reduce")
 

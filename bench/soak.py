@@ -259,7 +259,7 @@ def _cpu_per_second(runs: list[list[dict]]) -> dict[str, float]:
 def materializer_crashes(root: Path, kills: int) -> dict:
     from rankstream.deploy.broker import stop_broker
     from rankstream.services import start_embedded_broker
-    from rankstream.producers import Producer
+    from rankstream.producers.producer import Producer
     from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
     config = load_config({"db_path": root / "crash.duckdb", "state_dir": root / "cstate", "broker_port": _free_port(),
@@ -334,7 +334,7 @@ def broker_restart(root: Path, name: str, window_bytes: int | None, outage_s: fl
     from rankstream.deploy.broker import broker_status
     from rankstream.services import start_embedded_broker
     from rankstream.services import materializer_pid
-    from rankstream.producers import Producer
+    from rankstream.producers.producer import Producer
     from rankstream.status import RUNS_SQL
 
     overrides = {"db_path": root / f"{name}.duckdb", "state_dir": root / f"{name}-state", "broker_port": _free_port(),
@@ -441,7 +441,7 @@ def rank_kills(root: Path, kills: int) -> dict:
 
 
 def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
-    from rankstream.producers import Producer
+    from rankstream.producers.producer import Producer
 
     before_mb = _rss_mb(os.getpid())  # what the fork inherited, before any producer existed
     producer = Producer(run_id="burst", rank=rank, world_size=world, config=config)
@@ -535,7 +535,7 @@ def fuzz(root: Path, count: int) -> dict:
     from rankstream.producers.kafka_client import client_options
     from tests.doubles import MemoryBus, MemoryTransport
     from rankstream.services import materializer_pid
-    from rankstream.producers import Producer
+    from rankstream.producers.producer import Producer
     from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
     from tests.reliability.damage import MUTATIONS, mutate
 

@@ -26,11 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from rankstream.schemas.config import Config
-from rankstream.consumers.source import KafkaSource, Source
 from rankstream.consumers.prepare import PreparedBatch, prepare
+from rankstream.consumers.source import KafkaSource, Source
 from rankstream.consumers.store import Store, summarize_lag
+from rankstream.producers.kafka_client import ensure_topics
+from rankstream.schemas.config import Config
 from rankstream.schemas.errors import RankstreamError
+from rankstream.schemas.topics import all_topics
 
 __all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S"]
 
@@ -104,8 +106,6 @@ class _Committer:
 class Materializer:
     def __init__(self, config: Config, store: Store, source: Source | None = None, *,
                  log: Callable[[str], None] = print, max_records: int = 500) -> None:
-        from rankstream.schemas.topics import all_topics
-
         self.config = config
         self.store = store
         self.source = source or KafkaSource(config, all_topics(config.topic_prefix))
@@ -180,8 +180,6 @@ class Materializer:
     def _open(self) -> None:
         if self._opened:
             return
-        from rankstream.producers.kafka_client import ensure_topics
-
         if isinstance(self.source, KafkaSource):
             ensure_topics(self.config)
         self._adopt_incarnation(self.source.incarnation())

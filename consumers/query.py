@@ -31,6 +31,7 @@ import pyarrow as pa
 from rankstream.consumers.query_protocol import ServerError, read_response, send_request, send_script
 from rankstream.consumers.query_server import bindable_params, check_read_only, execute_script, execute_to_arrow, server_socket
 from rankstream.schemas.errors import DatabaseBusy, QueryError, RankstreamError
+from rankstream.schemas.settings import load_config
 
 __all__ = ["connect", "Database"]
 
@@ -233,7 +234,5 @@ def connect(db_path: "str | Path | Database | None" = None, *, read_only: bool =
     if isinstance(db_path, Database):
         return db_path
     if db_path is None:
-        from rankstream.schemas.settings import load_config
-
         db_path = load_config().db_path
     return Database(Path(db_path), read_only=read_only, wait_s=wait_s)

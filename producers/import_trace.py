@@ -28,7 +28,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
-import tempfile
 import threading
 import zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -40,7 +39,6 @@ from typing import Any, Iterator
 import ijson
 import numpy as np
 
-from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BadInput, RankstreamError
 from rankstream.producers.importing import check_input_file, content_session_id
 from rankstream.producers.batch_file import BatchFile

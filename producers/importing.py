@@ -17,8 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankstream.schemas.config import Config
-from rankstream.schemas.errors import BadInput, RankstreamError
+from rankstream.schemas.errors import BadInput
 
 __all__ = ["ImportSummary", "content_session_id", "check_input_file", "paused_gc", "MAX_INPUT_BYTES"]
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+from kafka.net.compat import KafkaNetClient
+
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable
 from rankstream.schemas.topics import all_topics
@@ -62,9 +66,6 @@ def _admin(config: Config, timeout_s: float):
     leaves that thread running for good, retrying the broker (a producer checking the broker's
     incarnation through an outage left one per attempt). So the client is built here, where it
     can be closed when the admin's constructor raises."""
-    from kafka.admin import KafkaAdminClient
-    from kafka.net.compat import KafkaNetClient
-
     built: list[KafkaNetClient] = []
 
     def client(**configs) -> KafkaNetClient:
@@ -92,9 +93,6 @@ def existing_topics(config: Config, timeout_s: float = 5.0) -> set[str]:
 
 def ensure_topics(config: Config, timeout_s: float = 5.0) -> list[str]:
     """Create rankstream's topics with ``config.partitions`` partitions if missing; returns their names."""
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
     wanted = all_topics(config.topic_prefix)
     admin = _admin(config, timeout_s)
     try:

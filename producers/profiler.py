@@ -187,7 +187,7 @@ def profile(stream: ProfilerStream, *, wait: int = 1, warmup: int = 1, active: i
             with_stack: bool = False, with_flops: bool = False, activities=None, **kwargs):
     """A ``torch.profiler.profile`` on a schedule, streaming through ``stream`` (Composer's
     TorchProfiler, without files). Call ``.step()`` once per training step, as with torch's."""
-    import torch.profiler as tp
+    import torch.profiler as tp  # the job brings torch; the rank side does not require it
 
     return tp.profile(
         activities=activities or [tp.ProfilerActivity.CPU],

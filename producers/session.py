@@ -28,7 +28,7 @@ __all__ = ["RankSession", "resolve_identity"]
 
 def _dist():
     try:
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch is the job's, not a dependency
     except ImportError:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
@@ -212,7 +212,7 @@ class RankSession:
 
 def _versions() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # torch is the job's, not a dependency
 
         return {"torch_version": torch.__version__}
     except ImportError:

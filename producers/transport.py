@@ -15,8 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Callable, Protocol
 
+from kafka import KafkaProducer
+
+from rankstream.producers.kafka_client import TopicIds, client_options, ensure_topics, unreachable
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable
+from rankstream.schemas.topics import all_topics
 
 __all__ = ["Transport", "KafkaTransport", "Done"]
 
@@ -57,16 +61,10 @@ class KafkaTransport:
     def connect(self) -> bool:
         if self._producer is not None:
             return True
-        from rankstream.producers.kafka_client import unreachable
-
         why = unreachable(self._config)
         if why is not None:  # nothing listens: skip the Kafka client's whole bootstrap timeout
             self.last_error = f"BrokerUnavailable: {why}"
             return False
-        from kafka import KafkaProducer
-
-        from rankstream.producers.kafka_client import client_options, ensure_topics
-
         settings = self._config.producer
         try:
             ensure_topics(self._config, timeout_s=2.0)
@@ -104,9 +102,6 @@ class KafkaTransport:
                 self.last_error = f"{type(exc).__name__}: {exc}"
 
     def incarnation(self) -> str | None:
-        from rankstream.producers.kafka_client import TopicIds
-        from rankstream.schemas.topics import all_topics
-
         if self._topic_ids is None:
             self._topic_ids = TopicIds(self._config, all_topics(self._config.topic_prefix))
         try:

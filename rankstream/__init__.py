@@ -25,7 +25,7 @@ def __getattr__(name: str):
         globals()[name] = value = getattr(api, name)
         return value
     if name == "Producer":
-        from rankstream.producers import Producer
+        from rankstream.producers.producer import Producer
 
         return Producer
     if name == "connect":

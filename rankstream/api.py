@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from rankstream.producers.profiler import profile as streaming_profile
+from rankstream.producers.session import RankSession, _dist, resolve_identity
 from rankstream.schemas.config import Config
 from rankstream.schemas.settings import (
     enable_flight_recorder,
@@ -56,8 +58,6 @@ def init(run_id: str | None = None, rank: int | None = None, world_size: int | N
             return _session
         if not enabled or env_flag("DISABLED"):
             return None
-        from rankstream.producers.session import RankSession, _dist, resolve_identity
-
         if fr_tap and _dist() is None:
             enable_flight_recorder(fr_buffer_size)
         launch = launch_environment()
@@ -153,11 +153,9 @@ def profile(then: Callable | None = None, **options: Any):
     Options are those of :func:`rankstream.producers.profiler.profile`. Without a session it is
     torch's profiler with no handler, so training code needs no branches.
     """
-    from rankstream.producers.profiler import profile as streaming_profile
-
     s = _session
     if s is None:
-        import torch.profiler as tp
+        import torch.profiler as tp  # torch is the job's, not a dependency
 
         return tp.profile(schedule=tp.schedule(wait=options.get("wait", 1), warmup=options.get("warmup", 1),
                                                active=options.get("active", 3)), on_trace_ready=then)

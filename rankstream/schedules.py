@@ -45,8 +45,8 @@ def _flow(entrypoint: str, source: Path):
 
 def load_deployments(prefect_file: Path, db_path: Path) -> list:
     """The served deployments described by ``prefect_file``."""
-    import yaml
-    from prefect.schedules import Cron, Interval
+    import yaml  # the [flows] extra (Prefect brings PyYAML)
+    from prefect.schedules import Cron, Interval  # the [flows] extra
 
     try:
         spec = yaml.safe_load(prefect_file.read_text())
@@ -122,11 +122,11 @@ def prefect_server(config: Config, timeout_s: float = 90.0) -> Iterator[str]:
 
 def serve(config: Config, prefect_file: Path = DEFAULT_PREFECT_FILE, on_ready=None) -> None:
     """Serve every deployment of ``prefect_file`` until interrupted."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # the [flows] extra
 
     with prefect_server(config) as url:
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            from prefect import serve as prefect_serve
+            from prefect import serve as prefect_serve  # the [flows] extra
 
             deployments = load_deployments(prefect_file, Path(config.db_path))
             if on_ready:

@@ -14,7 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rankstream.consumers.materializer import status_path
+from rankstream.consumers.query import connect
+from rankstream.deploy.broker import broker_status
 from rankstream.schemas.config import Config
+from rankstream.services import materializer_pid
 
 __all__ = ["collect_status", "render_status"]
 
@@ -54,11 +58,6 @@ ORDER BY r.started_at DESC
 
 
 def collect_status(config: Config) -> dict[str, Any]:
-    from rankstream.consumers.materializer import status_path
-    from rankstream.consumers.query import connect
-    from rankstream.deploy.broker import broker_status
-    from rankstream.services import materializer_pid
-
     report: dict[str, Any] = {"db_path": str(config.db_path), "bootstrap_servers": config.bootstrap_servers}
     broker = broker_status(config) if config.uses_embedded_broker else None
     report["embedded_broker"] = None if broker is None else {"pid": broker.pid, "bootstrap": broker.bootstrap}

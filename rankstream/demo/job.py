@@ -31,12 +31,16 @@ in its report), so a test can tell how soon a finding came.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+
+import rankstream
 
 FAULTS = ("none", "hang", "stall", "desync", "wrong_op", "extra", "straggler", "crash", "size", "cross_group")
 
@@ -57,10 +61,12 @@ class JobSpec:
     #: Also write torch's own FR dump: ``report_dir/rank<r>.fr`` at the end (to check the tap
     #: against) and ``report_dir/dumps/rank_<r>`` at the end or when the job fails.
     dump_flight_recorder: bool = False
+    #: Where the rank's stdout and stderr go (torch's and Kineto's chatter); empty keeps them.
+    log_path: str = ""
 
 
 def _tp_pairs(world_size: int):
-    import torch.distributed as dist
+    import torch.distributed as dist  # the demo job's own dependency, not rankstream's
 
     groups = {}
     for first in range(0, world_size - 1, 2):  # every rank must create every group, in order
@@ -71,14 +77,14 @@ def _tp_pairs(world_size: int):
 
 def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
     """Entry point of one rank's process."""
+    if spec.log_path:
+        _redirect_output(spec.log_path)
     os.environ.update(environment)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec.master_port), RANK=str(rank),
                       WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(spec.world_size),
                       GROUP_RANK="0")
-    import torch
+    import torch  # the demo job's own dependency, not rankstream's
     import torch.distributed as dist
-
-    import rankstream
 
     session = rankstream.init(run_id=spec.run_id, fr_interval_s=0.5, clock_sync_interval_s=10.0)
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.collective_timeout_s))
@@ -158,22 +164,29 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
     _write_report(spec, report)
     try:
         dist.destroy_process_group()
-    except Exception:
-        pass
+    except Exception as exc:  # a peer died: nothing left to tear down, but say so in the log
+        print(f"rank {rank}: destroy_process_group failed: {exc}", file=sys.stderr)
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send file descriptors 1 and 2 to ``log_path``: Kineto and gloo write there from C++,
+    below Python's ``sys.stdout``."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
 
 
 def _flight_recorder_dump() -> bytes:
     """torch's dump of this rank's ring, without stack traces (which would block while a gloo
     collective hangs)."""
-    from torch._C._distributed_c10d import _dump_fr_trace
+    from torch._C._distributed_c10d import _dump_fr_trace  # the demo job's own dependency
 
     return _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
 
 
 def start_job(spec: JobSpec, environment: dict[str, str]) -> list:
     """Start one process per rank (spawned, so each is a fresh interpreter); returns them."""
-    import multiprocessing
-
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=train_rank, args=(rank, spec, environment), name=f"rank{rank}")
                  for rank in range(spec.world_size)]

@@ -2,8 +2,10 @@
 
 It starts the embedded broker and the materializer if they are not running, launches a real gloo
 training job with one process per rank (``rankstream.demo.job``; ``--synthetic`` streams a
-synthetic job without torch instead), waits until DuckDB has caught up with what the ranks
-emitted, prints what was captured per rank and a sample query, and stops what it started.
+synthetic job without torch instead), and shows, from DuckDB while the job runs, each rank's step
+and any live finding. The ranks' own output (torch's and Kineto's chatter) goes to a log file.
+Then it waits until DuckDB has caught up, prints what was captured per rank, a sample query, the
+analyses and the diagnosis, and stops what it started.
 """
 
 from __future__ import annotations
@@ -18,8 +20,17 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rankstream.consumers.query import connect
+from rankstream.demo.job import JobSpec, read_reports, start_job
+from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
+from rankstream.flows.pipeline import analyze_everything
+from rankstream.flows.report import gather_report, render_run_report
+from rankstream.flows.timeline import write_timeline
+from rankstream.producers.producer import Producer
 from rankstream.schemas.config import Config
 from rankstream.schemas.settings import config_env
+from rankstream.services import absolute, down, materializer_pid, up
+from rankstream.status import live_finding_line, live_findings
 
 __all__ = ["run_demo"]
 
@@ -41,6 +52,11 @@ SELECT k.rank, k.host, k.pid,
 FROM ranks k WHERE k.run_id = ? ORDER BY k.rank"""
 
 
+#: Each rank's latest step marker that DuckDB holds.
+_PROGRESS_SQL = """SELECT rank, max(step) FROM trace_events WHERE run_id = ? AND name = 'step' AND step IS NOT NULL
+GROUP BY rank ORDER BY rank"""
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -48,16 +64,13 @@ def _free_port() -> int:
 
 
 def _synthetic_rank(run_id: str, rank: int, world_size: int, steps: int, config: Config) -> None:
-    from rankstream.producers import Producer
-    from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
-
     producer = Producer(run_id=run_id, rank=rank, world_size=world_size, config=config)
     run_synthetic_rank(SyntheticJob(run_id, world_size, steps, 2000), rank, producer, pace_s=0.02)
     producer.close()
 
 
-def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fault_rank: int,
-            synthetic: bool, report_dir: str, while_running) -> list[int]:
+def _launch(config: Config, *, run_id: str, ranks: int, steps: int, fault: str, fault_rank: int,
+            synthetic: bool, report_dir: str, log_path: Path, while_running) -> list[int]:
     """Run one process per rank and wait for all of them, calling ``while_running()`` about twice a
     second meanwhile; returns their exit codes."""
     if synthetic:
@@ -67,10 +80,8 @@ def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fau
         for worker in workers:
             worker.start()
     else:
-        from rankstream.demo.job import JobSpec, start_job
-
         spec = JobSpec(run_id=run_id, world_size=ranks, steps=steps, fault=fault, fault_rank=fault_rank,
-                       master_port=_free_port(), report_dir=report_dir)
+                       master_port=_free_port(), report_dir=report_dir, log_path=str(log_path))
         workers = start_job(spec, config_env(config))
     deadline = time.monotonic() + 600
     while any(worker.is_alive() for worker in workers) and time.monotonic() < deadline:
@@ -81,20 +92,28 @@ def _launch(config: Config, run_id: str, ranks: int, steps: int, fault: str, fau
     return [worker.exitcode for worker in workers]
 
 
-class _LiveFindings:
-    """Prints each live finding of the run (the materializer's hang watch) once, while the job runs."""
+class _LiveView:
+    """While the job runs: each rank's latest stored step (a line when it moved, at most every
+    two seconds) and each live finding of the materializer's hang watch, once."""
 
-    def __init__(self, database, run_id: str, console: Console) -> None:
-        self._database, self._run_id, self._console = database, run_id, console
+    def __init__(self, database, run_id: str, steps: int, console: Console) -> None:
+        self._database, self._run_id, self._steps, self._console = database, run_id, steps, console
         self._seen: set[tuple] = set()
+        self._progress: list = []
+        self._printed_at = 0.0
+        self.misses = 0
 
     def __call__(self) -> None:
-        from rankstream.status import live_finding_line, live_findings
-
         try:
+            progress = self._database.fetchall(_PROGRESS_SQL, [self._run_id])
             findings = live_findings(self._database, self._run_id)
-        except Exception:  # the materializer is busy or restarting: the next call tries again
+        except Exception:  # the materializer is busy or restarting: counted, and the next call tries again
+            self.misses += 1
             return
+        if progress and progress != self._progress and time.monotonic() - self._printed_at >= 2.0:
+            self._progress, self._printed_at = progress, time.monotonic()
+            self._console.print("  step  " + "  ".join(f"rank {rank}: {step + 1}/{self._steps}"
+                                                      for rank, step in progress))
         for finding in findings:
             key = (finding["kind"], finding["pg_name"], finding["seq"], tuple(finding["culprit_ranks"]))
             if key not in self._seen:
@@ -119,9 +138,6 @@ def _wait_caught_up(database, run_id: str, timeout_s: float = 60.0) -> int:
 
 def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault: str = "none",
              fault_rank: int = 1, synthetic: bool = False) -> dict:
-    from rankstream.consumers.query import connect
-    from rankstream.services import absolute, down, materializer_pid, up
-
     config = absolute(config)
     started_here = materializer_pid(config) is None
     services = up(config)
@@ -131,13 +147,15 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
                   + f"; broker {config.bootstrap_servers}, materializer pid {services.materializer_pid}, "
                     f"database {config.db_path}")
     report_dir = tempfile.mkdtemp(prefix="rankstream-demo-")
+    log_path = Path(config.state_dir) / "logs" / f"{run_id}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"the ranks' own output (torch, gloo, Kineto) goes to {log_path}")
     try:
         began = time.monotonic()
         database = connect(config.db_path)
-        codes = _launch(config, run_id, ranks, steps, fault, fault_rank, synthetic, report_dir,
-                        _LiveFindings(database, run_id, console))
-        from rankstream.demo.job import read_reports
-
+        codes = _launch(config, run_id=run_id, ranks=ranks, steps=steps, fault=fault, fault_rank=fault_rank,
+                        synthetic=synthetic, report_dir=report_dir, log_path=log_path,
+                        while_running=_LiveView(database, run_id, steps, console))
         reports = read_reports(report_dir)
         console.print(f"job finished in {time.monotonic() - began:.1f} s; exit codes "
                       + ", ".join(f"rank {r}: {c}" for r, c in enumerate(codes)))
@@ -167,10 +185,6 @@ def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault:
 
 def _analyze(config: Config, run_id: str, console: Console) -> str:
     """The run's analyses (through the live materializer), two report sections and a timeline."""
-    from rankstream.flows.pipeline import analyze_everything
-    from rankstream.flows.report import gather_report, render_run_report
-    from rankstream.flows.timeline import write_timeline
-
     seconds = analyze_everything(config.db_path, run_id)
     console.print(f"\nanalyses ({', '.join(f'{k} {v:.2f} s' for k, v in seconds.items())}):")
     report = gather_report(config.db_path, run_id)
@@ -178,7 +192,7 @@ def _analyze(config: Config, run_id: str, console: Console) -> str:
     path = Path(config.state_dir) / "timelines" / f"{run_id}.json.gz"
     write_timeline(config.db_path, run_id, path)
     console.print(f"timeline for chrome://tracing or ui.perfetto.dev: {path}\n"
-                  f"full report: rankstream report {run_id}")
+                  f"full report: rankstream report --run {run_id}")
     return str(path)
 
 

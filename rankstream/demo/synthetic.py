@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 
 __all__ = ["SyntheticJob", "run_synthetic_rank", "process_groups"]
 

@@ -9,7 +9,7 @@ import pytest
 from rankstream.services import materialize
 from rankstream.deploy.broker import stop_broker
 from rankstream.services import start_embedded_broker
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 
 from .conftest import free_port
 

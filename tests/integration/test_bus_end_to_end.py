@@ -17,7 +17,7 @@ from rankstream.services import materialize
 from rankstream.consumers.query import connect
 from rankstream.consumers.query_server import server_socket
 from rankstream.producers.kafka_client import ensure_topics
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas import Stream, topic_for
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 

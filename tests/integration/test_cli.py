@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rankstream.schemas.settings import config_env
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 
 from .conftest import cli, free_port
 

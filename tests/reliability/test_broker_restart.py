@@ -20,7 +20,7 @@ import pytest
 from rankstream.schemas.settings import config_env, load_config
 from rankstream.deploy.broker import broker_status, stop_broker
 from rankstream.services import start_embedded_broker
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 from ..conftest import free_port

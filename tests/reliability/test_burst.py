@@ -32,7 +32,7 @@ def _rss_mb() -> float:
 
 
 def burst_rank(rank: int, world: int, seconds: float, config, go, results) -> None:
-    from rankstream.producers import Producer
+    from rankstream.producers.producer import Producer
 
     before = _rss_mb()
     producer = Producer(run_id="burst", rank=rank, world_size=world, config=config)

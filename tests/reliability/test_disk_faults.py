@@ -11,7 +11,7 @@ import sys
 import duckdb
 
 from tests.doubles import MemoryBus, MemoryTransport
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 
@@ -51,7 +51,7 @@ from rankstream.schemas.settings import load_config
 from rankstream.consumers.materializer import Materializer
 from rankstream.consumers.store import Store
 from tests.doubles import MemoryBus, MemorySource, MemoryTransport
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas import all_topics
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tests.doubles import MemorySource, MemoryTransport
 from rankstream.consumers.store import Store
 from tests.doubles import MemoryBus
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas import all_topics
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 

@@ -14,7 +14,7 @@ from rankstream.schemas.settings import load_config
 from tests.doubles import MemorySource, MemoryTransport
 from rankstream.consumers.store import Store
 from tests.doubles import MemoryBus
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas import all_topics
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from rankstream.schemas.settings import config_env
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 from rankstream.consumers.materializer import Materializer
 from tests.doubles import MemorySource, MemoryTransport
 from rankstream.consumers.store import Store
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas import all_topics
 from rankstream.status import RUNS_SQL
 

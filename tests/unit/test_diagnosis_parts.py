@@ -16,7 +16,7 @@ from rankstream.flows.diagnosis.origin import shift_origin
 from rankstream.flows.diagnosis.p2p import unmatched_p2p
 from rankstream.flows.diagnosis.render import rank_ranges, render_text
 from rankstream.flows.diagnosis.report import Report
-from rankstream.flows.diagnosis.sequences import period_of, split_by_group
+from rankstream.flows.diagnosis.sequences import period_of
 from rankstream.flows.diagnosis.stragglers import find_stragglers
 from rankstream.flows.diagnosis.waits import Edge, Position, WaitGraph
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas.trace import TraceBatch
 from tests.doubles import MemorySource, MemoryTransport
 from rankstream.schemas import Envelope, PayloadKind, all_topics, decode

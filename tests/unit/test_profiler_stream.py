@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.profiler as tp
 
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.producers.profiler import ProfilerStream, profile, window_columns
 from rankstream.producers.trace_columns import trace_batches
 from rankstream.schemas import PayloadKind

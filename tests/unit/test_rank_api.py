@@ -5,7 +5,7 @@ import pytest
 import rankstream
 from rankstream import api
 from rankstream.schemas.settings import LaunchEnvironment
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.producers.session import RankSession, resolve_identity
 from rankstream.schemas import PayloadKind
 from tests.doubles import MemoryTransport

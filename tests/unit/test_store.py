@@ -7,7 +7,7 @@ import pytest
 from tests.doubles import MemorySource, MemoryTransport
 from rankstream.schemas.topics import Record
 from rankstream.consumers.store import Store
-from rankstream.producers import Producer
+from rankstream.producers.producer import Producer
 from rankstream.schemas import all_topics
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
