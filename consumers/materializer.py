@@ -31,7 +31,7 @@ from rankstream.consumers.source import KafkaSource, Source
 from rankstream.consumers.store import Store, summarize_lag
 from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
-from rankstream.schemas.errors import RankstreamError
+from rankstream.schemas.errors import RankstreamError, TransientError, is_transient
 from rankstream.schemas.topics import all_topics
 
 __all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S"]
@@ -41,7 +41,7 @@ _STATUS_EVERY_S = 2.0
 _INCARNATION_CHECK_S = 1.0
 
 
-class _BrokerReset(RankstreamError):
+class _BrokerReset(TransientError):
     """The broker came back as a new incarnation while the materializer was reading it."""
 
 
@@ -130,11 +130,12 @@ class Materializer:
                     break
             except _BrokerReset:
                 self._close()  # reopened at once: _open starts the new incarnation's logs from 0
-            except RankstreamError as exc:
-                self._failed(str(exc))
-                stop.wait(RETRY_S)
-            except Exception as exc:  # DuckDB I/O (disk full...): one line, then retry
-                self._failed(f"write failed, will retry: {type(exc).__name__}: {exc}")
+            except Exception as exc:
+                described = str(exc) if isinstance(exc, RankstreamError) else f"{type(exc).__name__}: {exc}"
+                if not is_transient(exc):  # a retry would fail the same way: say why and stop
+                    self._failed(f"stopped: {described}", retrying=False)
+                    raise
+                self._failed(described)
                 stop.wait(RETRY_S)
         self._publish_status()
         self._close()
@@ -212,13 +213,13 @@ class Materializer:
         committed = dict(self._committed)
         return all(committed.get(position, 0) >= end for position, end in targets.items())
 
-    def _failed(self, message: str) -> None:
+    def _failed(self, message: str, retrying: bool = True) -> None:
         """A failed attempt: log it (once per distinct message), close the source so the next
         attempt opens afresh, and publish the status at once: a materializer that cannot even open
         (broker down, topics missing) must still show in ``rankstream status`` why."""
         self.status.last_error = message
         if message != self._last_complaint:
-            self.log(f"rankstream materializer: {message} (retrying every {RETRY_S:.0f} s)")
+            self.log(f"rankstream materializer: {message}" + (f" (retrying every {RETRY_S:.0f} s)" if retrying else ""))
             self._last_complaint = message
         self._close()
         self._publish_status()

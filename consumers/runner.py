@@ -35,7 +35,7 @@ def _open(config: Config, stop: threading.Event, log: Callable[[str], None]) -> 
     while not stop.is_set():
         try:
             return open_writable(config.db_path)
-        except DatabaseBusy as exc:
+        except DatabaseBusy as exc:  # transient: another process holds the file
             if not complained:  # one line, not one per retry
                 log(f"rankstream materializer: {exc} (retrying every {RETRY_S:.0f} s)")
                 complained = True

@@ -12,7 +12,7 @@ from typing import Mapping, Protocol
 
 from kafka import KafkaConsumer, TopicPartition
 
-from rankstream.producers.kafka_client import TopicIds, client_options, describe
+from rankstream.producers.kafka_client import TopicIds, client_options, close_quietly, describe
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable
 from rankstream.schemas.topics import Record
@@ -115,8 +115,5 @@ class KafkaSource:
             self._topic_ids.close()
             self._topic_ids = None
         if self._consumer is not None:
-            try:
-                self._consumer.close(autocommit=False)
-            except Exception:
-                pass
+            close_quietly(self._consumer, autocommit=False)  # a broken consumer is replaced either way
             self._consumer = None

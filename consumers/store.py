@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from rankstream.consumers.prepare import PreparedBatch, conflict_reason, prepare
 from rankstream.consumers.projector import MESSAGE_COLUMN
 from rankstream.schemas.topics import Record
-from rankstream.schemas.errors import DatabaseBusy, RankstreamError
+from rankstream.schemas.errors import DatabaseBusy, RankstreamError, StorageUnavailable
 from rankstream.schemas.tables import BOOKKEEPING_TABLES, EXISTING_COLUMNS_SQL, PROJECTION_TABLES, REJECTS, ddl
 from rankstream.schemas.tables import table as declared_table
 
@@ -43,19 +43,30 @@ class WriteResult:
 
 @contextlib.contextmanager
 def transaction(connection: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
-    """BEGIN ... COMMIT, rolled back on any error. The error raised is the one that broke the
-    transaction: a failing ROLLBACK (the connection is already unusable, e.g. the disk is full)
-    must not replace it with a vaguer "transaction is aborted"."""
+    """BEGIN ... COMMIT, rolled back on any error. DuckDB's I/O failures (a full disk) come out as
+    :class:`StorageUnavailable`, which the materializer retries. The error raised is the one that
+    broke the transaction: a failing ROLLBACK must not replace it with a vaguer one."""
     connection.execute("BEGIN")
     try:
         yield connection
         connection.execute("COMMIT")
+    except _STORAGE_FAILURES as exc:
+        _roll_back(connection)
+        raise StorageUnavailable(f"write failed: {type(exc).__name__}: {exc}") from exc
     except BaseException:
-        try:
-            connection.execute("ROLLBACK")
-        except duckdb.Error:
-            pass
+        _roll_back(connection)
         raise
+
+
+#: DuckDB errors that say the storage, not the data, failed: a later attempt can succeed.
+_STORAGE_FAILURES = (duckdb.IOException, duckdb.OutOfMemoryException)
+
+
+def _roll_back(connection: duckdb.DuckDBPyConnection) -> None:
+    try:
+        connection.execute("ROLLBACK")
+    except duckdb.Error:  # the connection is already unusable; the caller raises the error that broke it
+        return
 
 
 @contextlib.contextmanager

@@ -21,9 +21,17 @@ from rankstream.flows.collective_analysis import diagnose_run as diagnose_stored
 from rankstream.flows.pipeline import ANALYSES, finished_runs_to_analyze
 from rankstream.flows.run_tables import replace_run_rows
 from rankstream.flows.timeline import write_timeline
+from rankstream.schemas.errors import is_transient
 
 __all__ = ["collective_diagnosis", "clock_alignment", "step_analysis", "communication_analysis", "breakdown_analysis",
            "timeline", "run_analyses", "end_of_run", "recent_runs"]
+
+
+def only_transient_failures(task, task_run, state) -> bool:
+    """Prefect's retry condition: retry a task only when its error says a retry can succeed (the
+    database busy, the broker down); a bad run id or a bug fails at once instead of three times."""
+    error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
+    return isinstance(error, BaseException) and is_transient(error)
 
 
 @task(cache_policy=NO_CACHE)
@@ -45,14 +53,14 @@ def runs_with_flight_recorder_data(db_path: str) -> list[str]:
         "SELECT DISTINCT run_id FROM fr_entries ORDER BY run_id")]
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=only_transient_failures)
 def analysis_task(db_path: str, run_id: str, analysis: str) -> str:
     """One analysis of one run; returns the run id so later tasks can wait on it."""
     ANALYSES[analysis](Path(db_path), run_id)
     return run_id
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=only_transient_failures)
 def diagnose_run(db_path: str, run_id: str) -> dict:
     """One run's collective report (see ``rankstream analyze collectives --json``)."""
     report, episodes = diagnose_stored_run(Path(db_path), run_id)

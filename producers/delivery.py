@@ -37,6 +37,7 @@ from typing import Callable
 
 from rankstream.producers.spool import Spool, SpooledMessage
 from rankstream.producers.transport import Transport
+from rankstream.schemas.errors import is_transient
 
 __all__ = ["Delivery", "DeliveryCounters", "Health"]
 
@@ -318,6 +319,10 @@ class Delivery:
                 self._remember(message, time.monotonic())
                 if self._health is Health.PROBING and replay is None:
                     self._health = Health.UP
+            elif not is_transient(error):  # the broker refused this message for good (too large...)
+                self._last_error = f"refused, dropped: {type(error).__name__}: {error}"[:300]
+                self._dropped += message.events
+                error = None  # resending cannot help: a replayed segment may still be removed
             else:
                 self._last_error = f"{type(error).__name__}: {error}"[:300]
                 self._health = Health.DOWN

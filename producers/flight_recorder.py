@@ -131,7 +131,7 @@ class FlightRecorderTap:
         with self._lock:
             try:
                 return self._tick(final)
-            except Exception as exc:
+            except Exception as exc:  # never raise into training: the tap's last_error says why
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return 0
 

@@ -22,10 +22,20 @@ from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable
 from rankstream.schemas.topics import all_topics
 
-__all__ = ["client_options", "describe", "ensure_topics", "existing_topics", "TopicIds", "unreachable"]
+__all__ = ["client_options", "close_quietly", "describe", "ensure_topics", "existing_topics", "TopicIds", "unreachable"]
 
 #: Kafka's port when a bootstrap server names none.
 _DEFAULT_PORT = 9092
+
+
+def close_quietly(client: Any, **options: Any) -> str | None:
+    """Close a Kafka client that may already be broken; the error as one line, or None. A client
+    being discarded cannot be helped by its caller, which records the line if it keeps a status."""
+    try:
+        client.close(**options)
+    except Exception as exc:  # returned, not raised: see the docstring
+        return describe(exc)
+    return None
 
 
 def describe(exc: BaseException) -> str:
@@ -146,8 +156,5 @@ class TopicIds:
 
     def close(self) -> None:
         if self._admin is not None:
-            try:
-                self._admin.close()
-            except Exception:
-                pass
+            close_quietly(self._admin)
             self._admin = None

@@ -98,6 +98,9 @@ class ProfilerStream:
         self.windows = 0
         self.events = 0
         self.dropped_windows = 0
+        #: Windows that could not be taken or converted, and the last reason.
+        self.failed_windows = 0
+        self.last_error: str | None = None
         self._worker = threading.Thread(target=self._convert_loop, name="rankstream-profiler", daemon=True)
         self._worker.start()
 
@@ -112,8 +115,9 @@ class ProfilerStream:
             except queue.Full:  # the converter is far behind: drop this window rather than block training
                 self.dropped_windows += 1
             self._send_distributed_info(prof)
-        except Exception:
-            pass  # never break the training loop over a trace
+        except Exception as exc:  # never break the training loop over a trace: counted instead
+            self.failed_windows += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
         if self._then is not None:
             self._then(prof)
 
@@ -130,7 +134,7 @@ class ProfilerStream:
         info = None
         try:
             info = self._distributed_info() if self._distributed_info else prof._get_distributed_info()
-        except Exception:
+        except Exception:  # an older torch or no process group: the distributed info is optional
             info = None
         if info:
             self._producer.emit_rank_metadata(backend=info.get("backend"),
@@ -144,8 +148,9 @@ class ProfilerStream:
                 continue
             try:
                 self._convert(activities, extra)
-            except Exception:
-                pass
+            except Exception as exc:  # an activity torch changed the shape of: counted, the next window goes on
+                self.failed_windows += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             del results, activities
 
     def _convert(self, activities: list, thread_names: dict[int, str]) -> None:

@@ -55,7 +55,7 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
             store = dist.distributed_c10d._get_default_store()
             proposal = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             run_id = store.compare_set("rankstream/run_id", "", proposal).decode()
-        except Exception:
+        except Exception:  # no store, or it refused: the run id comes from the launch environment
             run_id = None
     if run_id is None:
         master = (launch.master or "local").replace(":", "-")
@@ -150,8 +150,9 @@ class RankSession:
             if groups:
                 self.producer.emit_process_groups(groups)
             self.producer.emit_rank_metadata(backend=backend)
-        except Exception:
-            pass
+        except Exception as exc:  # the groups are optional metadata: the failure is stored as an event
+            self.producer.emit("rankstream_error", "rankstream", "i", ts_ns=time.time_ns(),
+                               args={"where": "process groups", "error": f"{type(exc).__name__}: {exc}"[:300]})
 
     # -- shutdown ---------------------------------------------------------------------------------
     def shutdown(self, timeout_s: float | None = None) -> None:
@@ -179,8 +180,8 @@ class RankSession:
             if self.tap:
                 self.tap.snapshot()
             self.producer.flush(timeout_s=3.0)
-        except Exception:
-            pass
+        except Exception:  # the process is already dying: what was buffered is all that can be saved
+            return
 
     def _install_hooks(self) -> None:
         atexit.register(self.shutdown)

@@ -4,7 +4,8 @@ A transport has four calls, all made from the producer's sender thread only:
 
 * ``connect()`` returns True when the bus is reachable (it may block for a couple of seconds);
 * ``send(topic, key, value, done)`` queues one message and later calls ``done(error_or_None)``;
-  it may raise, which the caller treats as a failed send;
+  it may raise, which the caller treats as a failed send. A permanent error
+  (:class:`MessageRefused`) drops the message; any other is retried from the spool;
 * ``flush(timeout_s)`` waits for queued messages; ``close()`` releases everything;
 * ``incarnation()`` names the broker incarnation (its topic ids), or None when it cannot tell; a
   new name means the broker lost everything it had acknowledged (see ``deploy.kafka``).
@@ -16,10 +17,12 @@ import logging
 from typing import Callable, Protocol
 
 from kafka import KafkaProducer
+from kafka import errors as kafka_errors
 
-from rankstream.producers.kafka_client import TopicIds, client_options, ensure_topics, unreachable
+from rankstream.producers.kafka_client import (TopicIds, client_options, close_quietly, describe, ensure_topics,
+                                              unreachable)
 from rankstream.schemas.config import Config
-from rankstream.schemas.errors import BrokerUnavailable
+from rankstream.schemas.errors import BrokerUnavailable, MessageRefused, RankstreamError
 from rankstream.schemas.topics import all_topics
 
 __all__ = ["Transport", "KafkaTransport", "Done"]
@@ -46,6 +49,20 @@ def _quiet_kafka_logging() -> None:
     kafka_logger = logging.getLogger("kafka")
     if kafka_logger.level == logging.NOTSET:
         kafka_logger.setLevel(logging.CRITICAL)
+
+
+#: kafka-python's errors about one message itself; any other failure is the broker's or the
+#: client's state (down, restarted, a fenced idempotent producer) and passes once a new client
+#: reaches a healthy broker.
+_REFUSED_MESSAGE = (kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError,
+                    kafka_errors.InvalidRecordError, kafka_errors.CorruptRecordError)
+
+
+def delivery_error(exc: BaseException) -> RankstreamError:
+    """A failed send as :class:`MessageRefused` (permanent: dropped and counted) or
+    :class:`BrokerUnavailable` (transient: spooled and resent)."""
+    kind = MessageRefused if isinstance(exc, _REFUSED_MESSAGE) else BrokerUnavailable
+    return kind(describe(exc))
 
 
 class KafkaTransport:
@@ -89,10 +106,13 @@ class KafkaTransport:
 
     def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None:
         if self._producer is None:
-            raise ConnectionError("not connected")
-        future = self._producer.send(topic, key=key, value=value)
+            raise BrokerUnavailable("not connected")
+        try:
+            future = self._producer.send(topic, key=key, value=value)
+        except Exception as exc:
+            raise delivery_error(exc) from exc
         future.add_callback(lambda _metadata: done(None))
-        future.add_errback(done)
+        future.add_errback(lambda exc: done(delivery_error(exc)))
 
     def flush(self, timeout_s: float) -> None:
         if self._producer is not None:
@@ -113,10 +133,7 @@ class KafkaTransport:
         if self._topic_ids is not None:
             self._topic_ids.close()
         if self._producer is not None:
-            try:
-                self._producer.close(timeout=0.5)
-            except Exception:  # its flush timed out
-                pass
+            self.last_error = close_quietly(self._producer, timeout=0.5) or self.last_error
             _abandon(self._producer)  # a close that timed out returns with its I/O thread still running
             self._producer = None
 
@@ -136,5 +153,5 @@ def _abandon(producer) -> None:
             sender.force_close()
             sender.join(2.0)
         producer._closed = True
-    except Exception:
-        pass
+    except Exception:  # kafka-python's internals changed: the thread is a daemon and dies with the process
+        return

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from rankstream.producers.producer import Producer
+from rankstream.schemas.errors import MessageRefused
 from rankstream.schemas.trace import TraceBatch
 from tests.doubles import MemorySource, MemoryTransport
 from rankstream.schemas import Envelope, PayloadKind, all_topics, decode
@@ -312,3 +313,49 @@ def test_calls_after_close_are_harmless(make_config, bus, call):
     args = {"emit": ("op",), "emit_fr_entries": ([],), "emit_process_groups": ([],), "emit_rank_metadata": ()}[call]
     getattr(producer, call)(*args)
     producer.close()
+
+
+class RefusesSomeBatches(MemoryTransport):
+    """The broker fails every third trace batch with ``error`` the first time it is sent."""
+
+    def __init__(self, bus, error):
+        super().__init__(bus)
+        self.error, self.attempts, self.seen = error, 0, set()
+
+    def send(self, topic, key, value, done):
+        self.attempts += topic.endswith("trace")
+        if topic.endswith("trace") and value not in self.seen:
+            self.seen.add(value)
+            if len(self.seen) % 3 == 0:
+                done(self.error)
+                return
+        super().send(topic, key, value, done)
+
+
+def test_a_message_the_broker_refuses_for_good_is_dropped_counted_and_not_retried(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100})
+    transport = RefusesSomeBatches(bus, MessageRefused("MessageSizeTooLargeError: MESSAGE_TOO_LARGE"))
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
+    for i in range(3_000):
+        producer.emit("op", ts_ns=i)
+    stats = producer.close()
+    delivered = trace_events(read_all(bus, config.topic_prefix))
+    assert stats.events_dropped > 0 and stats.spool_bytes == 0
+    assert delivered + stats.events_dropped == 3_000
+    assert transport.attempts == len(transport.seen) == 30  # each batch sent once: nothing retried
+    assert "refused" in stats.last_error and "MESSAGE_TOO_LARGE" in stats.last_error
+
+
+def test_a_message_failed_transiently_is_kept_and_delivered(make_config, bus):
+    config = make_config(**{"producer.batch_events": 100})
+    transport = RefusesSomeBatches(bus, TimeoutError("request timed out"))
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
+    for i in range(3_000):
+        producer.emit("op", ts_ns=i)
+    deadline = time.monotonic() + 20
+    while producer.stats().events_sent < 3_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = producer.close()
+    assert stats.events_dropped == 0
+    batches = {(e.stream, e.session_id, e.seq): e for e in read_all(bus, config.topic_prefix)}  # resends share a key
+    assert trace_events(batches.values()) == 3_000

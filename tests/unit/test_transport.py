@@ -29,3 +29,15 @@ def test_checking_the_broker_while_it_is_down_leaves_no_client_thread_behind(mak
     assert transport.incarnation() is None  # the admin client's bootstrap fails after its 2 s
     transport.close()
     assert {t for t in threading.enumerate() if t.name.startswith("kafka-io")} == before
+
+
+def test_kafka_failures_become_permanent_only_when_the_message_itself_was_refused():
+    from kafka import errors as kafka_errors
+
+    from rankstream.producers.transport import delivery_error
+    from rankstream.schemas.errors import is_transient
+
+    assert not is_transient(delivery_error(kafka_errors.MessageSizeTooLargeError("1 MB > limit")))
+    for passing in (kafka_errors.KafkaTimeoutError(), kafka_errors.OutOfOrderSequenceNumberError(),
+                    kafka_errors.UnknownProducerIdError(), kafka_errors.KafkaConnectionError()):
+        assert is_transient(delivery_error(passing)), passing
