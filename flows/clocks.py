@@ -31,7 +31,7 @@ from pathlib import Path
 from rankstream.consumers.query import Database, connect
 from rankstream.flows.run_tables import replace_run_rows
 
-__all__ = ["align_clocks", "clock_offsets", "OFFSETS_SQL"]
+__all__ = ["align_clocks", "clock_offsets", "rank_offsets", "OFFSETS_SQL"]
 
 OFFSETS_SQL = """
 INSERT INTO clock_offsets
@@ -53,9 +53,12 @@ WITH run_ranks AS (
     SELECT t.rank, 1000000 + t.nth, t.value_ns, coalesce(b.value_ns, 0)
     FROM composer t LEFT JOIN composer b ON b.rank = t.rank AND b.nth = t.nth AND b.name = 'clock_sync_error_bound'
     WHERE t.name = 'clock_sync_timestamp_us' AND t.value_ns IS NOT NULL
+), round_bounds AS (  -- every rank read its clock inside the same interval, no longer than any one's round trip
+    SELECT round, min(bound_ns) AS bound FROM samples GROUP BY round
 ), barrier_rounds AS (
-    SELECT s.rank, s.sync_ns - r.sync_ns AS d, least(s.bound_ns, r.bound_ns) AS bound
+    SELECT s.rank, s.sync_ns - r.sync_ns AS d, b.bound
     FROM samples s JOIN samples r ON r.round = s.round AND r.rank = (SELECT rank FROM reference)
+    JOIN round_bounds b ON b.round = s.round
 ), barrier AS (
     SELECT rank, max(d - bound) AS lo, min(d + bound) AS hi, arg_min(d, bound) AS best_d, min(bound) AS best_bound,
            count(*) AS n
@@ -119,3 +122,33 @@ def clock_offsets(db_path: Path | Database, run_id: str) -> list[dict]:
         FROM clock_offsets o JOIN clock_offsets c ON c.run_id = o.run_id AND c.rank = o.rank AND c.chosen
         WHERE o.run_id = $1 ORDER BY o.rank, o.chosen DESC, o.source""", [run_id])
     return table.to_pylist()
+
+
+#: Each rank's offset for reading its timestamps on one clock: the run's chosen alignment if it was
+#: aligned, else the tightest clock-sync round every rank took part in (a live run is not aligned
+#: until its analyses run, and its heartbeats already carry the samples).
+RANK_OFFSETS_SQL = """
+WITH aligned AS (
+    SELECT rank, offset_ns, coalesce(error_ns, 0) AS error_ns FROM clock_offsets WHERE run_id = $run AND chosen
+), samples AS (
+    SELECT DISTINCT rank, clock_round AS round, clock_sync_ns AS sync_ns, clock_error_ns AS bound_ns
+    FROM rank_metadata WHERE run_id = $run AND clock_sync_ns IS NOT NULL AND clock_error_ns IS NOT NULL
+), rounds AS (
+    SELECT round, min(bound_ns) AS bound, min(rank) AS reference FROM samples GROUP BY round
+    HAVING count(DISTINCT rank) = (SELECT count(DISTINCT rank) FROM samples)
+), tightest AS (
+    SELECT * FROM rounds ORDER BY bound, round DESC LIMIT 1
+), synced AS (
+    SELECT s.rank, s.sync_ns - r.sync_ns AS offset_ns, t.bound AS error_ns
+    FROM tightest t JOIN samples s ON s.round = t.round JOIN samples r ON r.round = t.round AND r.rank = t.reference
+)
+SELECT * FROM aligned UNION ALL SELECT * FROM synced WHERE NOT EXISTS (SELECT 1 FROM aligned)
+"""
+
+
+def rank_offsets(database: Database, run_id: str) -> tuple[dict[int, int], int]:
+    """``({rank: offset_ns}, error_ns)``: subtract a rank's offset from its timestamps to read them on
+    the reference rank's clock; two ranks' readings then disagree by at most ``error_ns`` more.
+    Ranks without an estimate are taken as they are (no offsets at all: ``({}, 0)``)."""
+    rows = database.fetchall(RANK_OFFSETS_SQL, {"run": run_id})
+    return {rank: offset for rank, offset, _ in rows}, 2 * max((error for _, _, error in rows), default=0)

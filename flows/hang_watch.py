@@ -10,6 +10,13 @@ What a rank's Flight Recorder snapshot shows can lag its heartbeats by seconds (
 ring every few seconds), so a finding about ranks waiting is only recorded once none of the ranks
 involved has made progress for ``stall_s`` (their heartbeats carry each group's last collective);
 a disagreement about sizes or types of a completed collective is a fact at once.
+
+Heartbeats and Flight Recorder entries travel on different topics, so a rank's heartbeat can say it
+enqueued a collective whose entry is not stored yet. Judged on that partial view, the engine would
+blame the wrong rank (the one whose last call is missing). So a pass records nothing for a run while
+a rank that stopped moving still has entries in flight: its view is complete a tick later. A rank
+whose entries never arrive (its tap gave up while the broker was down) holds the run back for at
+most ``3 × stall_s``; then what is stored is judged.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import duckdb
 
 from rankstream.consumers.query import Database
 from rankstream.consumers.store import transaction
-from rankstream.flows.diagnosis.findings import Finding
+from rankstream.flows.diagnosis.findings import WAIT_KINDS, Finding
 from rankstream.flows.diagnosis.report import diagnose_stored
 
 __all__ = ["HangWatch", "watch_pass", "ACTIVE_RUNS_SQL"]
@@ -33,7 +40,8 @@ _WINDOW_NS = 600 * 10**9
 TAIL_RECORDS = 400
 
 #: Runs still going, or that ended without every rank saying goodbye (a rank killed, its peers
-#: failing at once), with each rank's last heartbeat and when its collectives' progress last changed.
+#: failing at once), or that ended cleanly in the last ``$grace`` ns (their last entries may still be
+#: arriving), with each rank's last heartbeat and when its collectives' progress last changed.
 ACTIVE_RUNS_SQL = """
 WITH recent AS (
     SELECT run_id, rank, sent_ns, final, coalesce(collectives, '') AS collectives FROM heartbeats
@@ -48,13 +56,30 @@ WITH recent AS (
     FROM changes GROUP BY ALL
 )
 SELECT run_id, list(rank ORDER BY rank) AS ranks, list(last_ns ORDER BY rank) AS last_ns,
-       list(final ORDER BY rank) AS final, list(progressed_ns ORDER BY rank) AS progressed_ns
+       list(final ORDER BY rank) AS final, list(progressed_ns ORDER BY rank) AS progressed_ns,
+       bool_and(final) AS ended
 FROM ranks GROUP BY run_id
-HAVING max(last_ns) > $now - $active AND NOT bool_and(final)
+HAVING max(last_ns) > $now - $active AND (NOT bool_and(final) OR max(last_ns) > $now - $grace)
 """
 
 #: How long after its last heartbeat a run that did not end cleanly is still judged.
 _ACTIVE_NS = 60 * 10**9
+#: How long after a clean end a run is still judged (for disagreements whose entries came late).
+_ENDED_GRACE_NS = 10 * 10**9
+
+#: Per rank and group: the last collective its newest heartbeat says it enqueued, and the last one
+#: stored. The heartbeat's groups are keyed by the group's id (``pg_id``), as torch's pg_status is.
+_LAG_SQL = """
+WITH claimed AS (
+    SELECT rank, arg_max(collectives, sent_ns) AS collectives FROM heartbeats
+    WHERE run_id = $run AND collectives IS NOT NULL GROUP BY rank
+), stored AS (
+    SELECT rank, pg_id::VARCHAR AS pg, max(collective_seq_id) AS seq FROM fr_entries WHERE run_id = $run GROUP BY ALL
+)
+SELECT claimed.rank, claimed.collectives, list(stored.pg) FILTER (WHERE stored.pg IS NOT NULL),
+       list(stored.seq) FILTER (WHERE stored.pg IS NOT NULL)
+FROM claimed LEFT JOIN stored USING (rank) GROUP BY ALL
+"""
 
 _STACK_SQL = """
 SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND cat = 'rankstream'
@@ -73,13 +98,17 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
     database = Database.over(con, "live database")
     found, judged = [], set()
     failures: list[str] = []
-    for run_id, ranks, last_ns, final, progressed_ns in con.execute(ACTIVE_RUNS_SQL, {
-            "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS}).fetchall():
+    for run_id, ranks, last_ns, final, progressed_ns, ended in con.execute(ACTIVE_RUNS_SQL, {
+            "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS, "grace": _ENDED_GRACE_NS}).fetchall():
         dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
         moved = {r: p or 0 for r, p in zip(ranks, progressed_ns)}
         has_entries = con.execute("SELECT count(*) > 0 FROM fr_entries WHERE run_id = ?", [run_id]).fetchall()[0][0]
         if not has_entries:
             continue
+        recently_stopped = {r for r in ranks if r not in dead
+                            and now_ns - 3 * stall_s * 1e9 <= moved[r] < now_ns - stall_s * 1e9}
+        if _ranks_with_entries_in_flight(con, run_id) & recently_stopped:
+            continue  # their last calls are on the way: judge the run when they are stored
         judged.add(run_id)
         try:
             report = diagnose_stored(database, run_id, dead=dead, live=True, tail=TAIL_RECORDS)
@@ -87,6 +116,8 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             failures.append(f"{run_id}: {type(exc).__name__}: {exc}"[:300])
             continue
         for finding in report.findings:
+            if ended and (finding.in_flight or finding.kind in WAIT_KINDS):
+                continue  # every rank said goodbye: nobody waits any more
             involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
             settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved if r not in dead)
             if (finding.in_flight or finding.kind == "dead_rank") and not settled:
@@ -97,6 +128,23 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
     if failures:
         raise WatchFailed(judged, found, failures)
     return judged, found
+
+
+def _ranks_with_entries_in_flight(con, run_id: str) -> set[int]:
+    """Ranks whose heartbeat claims a collective in some group beyond the last one stored for it."""
+    behind = set()
+    for rank, claimed, groups, stored in con.execute(_LAG_SQL, {"run": run_id}).fetchall():
+        try:
+            status = json.loads(claimed)
+        except ValueError:
+            continue  # a heartbeat without readable progress claims nothing
+        last_stored = dict(zip(groups or (), stored or ()))
+        for group, progress in status.items() if isinstance(status, dict) else ():
+            enqueued = progress.get("last_enqueued") if isinstance(progress, dict) else None
+            if isinstance(enqueued, int) and enqueued > (last_stored.get(group) if last_stored.get(group) is not None
+                                                         else -1):
+                behind.add(rank)
+    return behind
 
 
 class WatchFailed(Exception):

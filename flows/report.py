@@ -1,4 +1,4 @@
-"""``rankstream report RUN``: the run's analyses as text (or one JSON object).
+"""``rankstream report --run RUN``: the run's analyses as text (or one JSON object).
 
 Reads the result tables the analyses wrote (``flows.pipeline.analyze_everything`` refreshes them
 first unless asked not to) and prints, in the order someone chasing a slow step reads them:

@@ -22,17 +22,14 @@ and says so in the result.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
-import numpy as np
-import pyarrow as pa
 
 from rankstream.consumers.query import Database, connect
+from rankstream.flows.chrome_writer import ChromeTraceWriter
 from rankstream.schemas.errors import BadInput
 from rankstream.flows.run_tables import bind, ensure_schema
 
@@ -147,45 +144,6 @@ def _parse_range(text: str | None, what: str) -> tuple[float, float] | None:
         raise BadInput(f"--{what} {text!r}: expected a:b") from None
 
 
-class _Writer:
-    """The JSON object to a plain or gzip file, a query's lines at a time."""
-
-    def __init__(self, path: Path, t0_ns: int, run_id: str) -> None:
-        self.path = path
-        opener = gzip.open if path.name.endswith(".gz") else open
-        self._file: IO[bytes] = opener(path, "wb")
-        self._file.write(b'{"traceEvents": [\n')
-        self._first = True
-        self.events = 0
-        self._other = {"run_id": run_id, "t0_ns": t0_ns, "clock": "aligned (see clock_offsets)", "writer": "rankstream"}
-
-    def write_lines(self, lines: pa.Table) -> None:
-        """``lines``' one column holds events each led by ``LINE_SEPARATOR`` (see :func:`_lines`):
-        its data buffers are written as they are, with no Python string per event."""
-        for chunk in lines.column(0).chunks:
-            text = _text_bytes(chunk)
-            if self._first and len(text):
-                text = text[len(LINE_SEPARATOR):]  # the array's first element has none
-                self._first = False
-            self._file.write(text)
-            self.events += len(chunk)
-
-    def close(self) -> None:
-        self._file.write(('\n],\n"displayTimeUnit": "ms",\n"otherData": ' + json.dumps(self._other) + "}\n").encode())
-        self._file.close()
-
-
-def _text_bytes(strings: pa.Array) -> memoryview:
-    """A string array's values back to back, straight from its data buffer (no value is null:
-    every line is a ``to_json`` object)."""
-    if not len(strings):
-        return memoryview(b"")
-    _, offsets, data = strings.buffers()
-    width = 8 if pa.types.is_large_string(strings.type) else 4
-    ends = np.frombuffer(offsets, dtype=f"<i{width}", count=len(strings) + 1, offset=strings.offset * width)
-    return memoryview(data)[ends[0]:ends[-1]]
-
-
 def _part_path(output: Path, part: _Part, count: int) -> Path:
     if count == 1:
         return output
@@ -268,7 +226,7 @@ def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks
         result = TimelineResult(split=len(parts) > 1)
         output.parent.mkdir(parents=True, exist_ok=True)
         for part in parts:
-            writer = _Writer(_part_path(output, part, len(parts)), t0, run_id)
+            writer = ChromeTraceWriter(_part_path(output, part, len(parts)), t0, run_id)
             try:
                 for lines in database.arrows(_part_queries(database, run_id, chosen, part, {
                         "t0": t0, "last": last, "pgs": pgs, "descs": descs, "offsets": offsets})):
@@ -286,10 +244,6 @@ def write_timeline(db_path: Path | Database, run_id: str, output: Path, *, ranks
 SLICE_EVENTS = 100_000
 
 
-#: What comes before every event line but the file's first.
-LINE_SEPARATOR = b",\n"
-
-
 def _part_queries(database, run_id: str, ranks: list[int], part: _Part, run: dict) -> Iterator[tuple[str, list]]:
     """The queries whose lines make up one file, in order: per rank its track names and its events a
     slice at a time, then the findings. ``run`` holds the run's t0, last, pgs, descs and offsets."""
@@ -305,7 +259,8 @@ def _part_queries(database, run_id: str, ranks: list[int], part: _Part, run: dic
 
 
 def _lines(sql: str, values: dict) -> tuple[str, list]:
-    """The query for ``sql``'s lines, each led by ``LINE_SEPARATOR`` so that they can be written as one text."""
+    """The query for ``sql``'s lines, each led by the writer's ``LINE_SEPARATOR`` (a comma and a
+    newline) so that they can be written as one text."""
     return f"SELECT concat(',', chr(10), line) FROM ({sql})", bind(sql, values)
 
 

@@ -14,13 +14,9 @@ failed send drops to ``DOWN`` and the message goes to the spool; it is never ret
 Transport callbacks may arrive on another thread; they only touch counters and queues under a
 lock, and all file I/O stays on the sender thread.
 
-Broker restarts: an acknowledged message is safe only while the broker keeps its log, and the
-embedded broker keeps it in memory. So acknowledged messages stay in a resend window (the last
-``resend_window_s`` seconds, at most ``resend_window_bytes``). After every reconnect, and every
-``incarnation_check_s`` while up, the transport names the broker's incarnation; when it changed,
-the window is submitted again (the materializer drops whatever it already had, by batch key).
-Messages acknowledged within the window's time but already pushed out by its byte cap cannot be
-resent: they are counted as ``events_not_resent``.
+Broker restarts: acknowledged messages stay in a :class:`ResendWindow`. After every reconnect,
+and every ``incarnation_check_s`` while up, the transport names the broker's incarnation; when it
+changed, the window is submitted again.
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rankstream.producers.resend_window import IncarnationWatch, ResendWindow
 from rankstream.producers.spool import Spool, SpooledMessage
 from rankstream.producers.transport import Transport
 from rankstream.schemas.errors import is_transient
@@ -85,17 +82,9 @@ class Delivery:
         self._spool = spool
         self._cap = max_inflight_bytes
         self._retry_interval = retry_interval_s
-        self._window_s = resend_window_s
-        self._window_cap = resend_window_bytes
-        self._check_every = incarnation_check_s
         self._on_broker_reset = on_broker_reset
-        self._next_check = 0.0
-        self._incarnation: str | None = None
-        #: Acknowledged messages, oldest first, with when they were acknowledged.
-        self._window: collections.deque[tuple[float, SpooledMessage]] = collections.deque()
-        self._window_bytes = 0
-        #: (acknowledged at, events) of messages the byte cap pushed out of the window.
-        self._evicted: collections.deque[tuple[float, int]] = collections.deque()
+        self._incarnation = IncarnationWatch(transport.incarnation, incarnation_check_s)
+        self._window = ResendWindow(resend_window_s, resend_window_bytes)
         self._resets = self._resent = self._not_resent = 0
         self._lock = threading.Lock()
         self._health = Health.DOWN
@@ -139,11 +128,11 @@ class Delivery:
             self._drain_failed()
             if self._transport.connect():
                 self._probe()
-                self._check_incarnation(now)
+                self._resend_if_reset(now)
             else:
                 self._last_error = getattr(self._transport, "last_error", None) or "broker unreachable"
-        elif self._health is Health.UP and now >= self._next_check:
-            self._check_incarnation(now)
+        elif self._health is Health.UP and self._incarnation.due(now):
+            self._resend_if_reset(now)
         if self._health is Health.UP:
             if self._replay is None and self._spool.has_pending():
                 self._start_replay()
@@ -208,23 +197,14 @@ class Delivery:
             self._dropped += events
 
     # -- broker incarnations -----------------------------------------------------------------
-    def _check_incarnation(self, now: float) -> None:
-        self._next_check = now + self._check_every
-        current = self._transport.incarnation()
-        if current is None:
+    def _resend_if_reset(self, now: float) -> None:
+        """When the broker lost what it had acknowledged, submit the resend window again."""
+        if not self._incarnation.changed(now):
             return
-        previous, self._incarnation = self._incarnation, current
-        if previous is not None and current != previous:
-            self._resend_window(now)
-
-    def _resend_window(self, now: float) -> None:
-        """The broker lost what it had acknowledged: submit the window again."""
         with self._lock:
-            messages = [message for _, message in self._window]
-            self._window.clear()
-            self._window_bytes = 0
-            self._not_resent += sum(events for acked, events in self._evicted if now - acked <= self._window_s)
-            self._evicted.clear()
+            taken = self._window.take(now)
+            messages = taken.messages
+            self._not_resent += taken.not_resent
             self._resets += 1
             self._resent += sum(message.events for message in messages)
             self._last_error = (f"the broker restarted and lost its log; resending {len(messages)} "
@@ -233,18 +213,6 @@ class Delivery:
             self.submit(dataclasses.replace(message, resend=True))
         if self._on_broker_reset is not None:
             self._on_broker_reset()
-
-    def _remember(self, message: SpooledMessage, now: float) -> None:
-        """Keep an acknowledged message for resending (called under the lock)."""
-        self._window.append((now, message))
-        self._window_bytes += len(message.value)
-        while self._window and (self._window_bytes > self._window_cap or now - self._window[0][0] > self._window_s):
-            acked, old = self._window.popleft()
-            self._window_bytes -= len(old.value)
-            if now - acked <= self._window_s:
-                self._evicted.append((acked, old.events))
-        while self._evicted and now - self._evicted[0][0] > self._window_s:
-            self._evicted.popleft()
 
     # -- internals --------------------------------------------------------------------------
     def _probe(self) -> None:
@@ -316,7 +284,7 @@ class Delivery:
                 if not message.resend:
                     self._sent += message.events
                 self._bytes_sent += len(message.value)
-                self._remember(message, time.monotonic())
+                self._window.remember(message, time.monotonic())
                 if self._health is Health.PROBING and replay is None:
                     self._health = Health.UP
             elif not is_transient(error):  # the broker refused this message for good (too large...)

@@ -132,9 +132,11 @@ def _state_findings(run: Run, disagreements: list[Disagreement]) -> list[Finding
 
 def _straggler_finding(straggler, run: Run) -> Finding:
     return Finding(kind="straggler", culprit_ranks=[straggler.rank], evidence=[
-        f"arrives {straggler.median_lateness_ns / 1e6:.1f} ms after its peers' median (threshold "
-        f"{straggler.threshold_ns / 1e6:.1f} ms: the floor, the other ranks' noise and the clock error) in "
-        f"{straggler.collectives} collectives, last in {straggler.last_share:.0%}, from {straggler.source}"])
+        f"takes {straggler.lateness_ns / 1e6:.1f} ms longer than its peers to reach a collective once "
+        f"released from its previous one (trimmed mean over {straggler.collectives} collectives; threshold "
+        f"{straggler.threshold_ns / 1e6:.1f} ms: the other ranks' noise, a tenth of a typical delay, the clock "
+        f"error); "
+        f"late in {straggler.late_share:.0%} of them, from {straggler.source}"])
 
 
 # -- 4. the root cause first -------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()
     dumped = [rank for rank in stored.dumped if rank not in dead]
-    clock_error_ns = max(clock_error_ns, database.fetchall(CLOCK_ERROR_SQL, {"run": run_id})[0][0] or 0)
+    clock_error_ns = max(clock_error_ns, stored.clock_error_ns)
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns)
     for finding in result.findings:
         if finding.kind in ("missing_dump", "skipped_collective") and set(finding.culprit_ranks) <= set(dead):
@@ -92,11 +92,6 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
         if finding.culprit_ranks and finding.group is not None:
             finding.stack = _stored_stack(database, run_id, finding)
     return Report(run_id, result, {"read": read - started, "diagnose": time.perf_counter() - read})
-
-
-#: How far apart the ranks' clocks may be (the clock sync's error bound): lateness below it is not
-#: a straggler's.
-CLOCK_ERROR_SQL = "SELECT max(clock_error_ns) FROM rank_metadata WHERE run_id = $run"
 
 
 def _stored_stack(database, run_id: str, finding: Finding) -> list[dict]:

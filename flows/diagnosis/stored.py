@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rankstream.flows.clocks import rank_offsets
 from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, parse_op
 
 __all__ = ["StoredRun", "load_stored", "ENTRIES_SQL"]
@@ -77,8 +78,12 @@ class _Key:
 
 
 class StoredRun:
-    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int]) -> None:
+    """``clock_error_ns``: how far two ranks' creation times may still disagree once on one clock."""
+
+    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int],
+                 clock_error_ns: int = 0) -> None:
         self.entries, self.listed, self.dumped = entries, listed, dumped
+        self.clock_error_ns = clock_error_ns
 
 
 def _newest(table: pa.Table) -> pa.Table:
@@ -131,11 +136,16 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
     vocabulary.dtypes = [_Key(int(h)) for h in dtypes.tolist()]
     vocabulary.resolver = lambda kind, key: (database.fetchall(TEXT_SQL[kind], {"run": run_id, "key": key.value})
                                              or [[None]])[0][0] or "?"
+    offsets, clock_error_ns = rank_offsets(database, run_id)
+    created = table["created"].to_numpy().copy()
+    if offsets and n:
+        shift = np.array([offsets.get(int(r), 0) for r in range(int(ranks.max()) + 1)], dtype=np.int64)
+        created[created > 0] -= shift[ranks[created > 0]]
     entries = Entries(
         rank=ranks, group=group_codes[names] if n else np.zeros(0, np.int32),
         seq=table["seq"].to_numpy(), p2p_seq=table["p2p_seq"].to_numpy(), is_p2p=is_p2p,
         op=op_codes[profiling] if n else np.zeros(0, np.int32), peer=peer,
         shape=shape_index.reshape(-1).astype(np.int32), dtype=dtype_index.reshape(-1).astype(np.int32),
-        state=table["state"].to_numpy(), created=table["created"].to_numpy(), record=table["record_id"].to_numpy(),
+        state=table["state"].to_numpy(), created=created, record=table["record_id"].to_numpy(),
         vocabulary=vocabulary)
-    return StoredRun(entries, listed, np.unique(ranks).tolist())
+    return StoredRun(entries, listed, np.unique(ranks).tolist(), clock_error_ns)

@@ -1,14 +1,33 @@
-"""Stragglers: a rank that arrives last at its collectives, by more than the run's own noise.
+"""Stragglers: a rank that keeps its peers waiting, by more than the run's own noise.
 
-A rank's lateness in a collective is how much later it created the collective than its peers'
-median. Creation times are exact, where the start and completion times torch records come from its
-watchdog's polling (100 ms apart with NCCL) and are too coarse. They are read on each rank's own
-clock: the stored path moves them onto the aligned clock first (``clock_offsets``), and a dump
-directory assumes clocks synchronized better than the lateness (NTP on one cluster), with the
-clock error bound, when known, added to the threshold. A rank is a straggler when its median
-lateness exceeds ``max(floor, k x the typical lateness of the other ranks, clock error)`` and it
-is the last to arrive in most of its collectives; a healthy job, even with two ranks of which one
-always arrives a little later, gives none.
+The measure is each rank's *own delay*: how long it took to create a collective after it could
+have left its previous one. A collective cannot complete before its last member arrives, so a
+rank is free to leave its previous collective at the latest creation time among that
+collective's members (its *release*). The delay is then ``created - release``, and its *excess* is
+the delay minus the median delay of the collective's other members.
+
+Judging delays rather than arrival times is what keeps the culprit apart from its victims: a rank
+that waited for a straggler in one group arrives late in the next group too, but only because it
+was released late; its own delay there is normal, and in the group it shares with the straggler
+its excess is negative. Creation times are exact, where the start and completion times torch
+records come from its watchdog's polling (100 ms apart with NCCL) and are too coarse. They are
+read on each rank's own clock: the stored path moves them onto the aligned clock first
+(``clock_offsets``), and the clock error bound, when known, is added to the threshold.
+
+A rank is a straggler when the trimmed mean of its excesses (the top and bottom tenth left out, so
+one long pause is not a trend) is both *significant* and *material*:
+
+* significant: above ``k`` times the standard error such a mean has on the other ranks. The error
+  comes from batch means (the rank's excesses in creation order, cut into ``BATCHES`` stretches,
+  and the spread of the stretches' means), because excesses are not independent: with NCCL a
+  rank's CPU runs ahead of its GPU and its creation times drift for many collectives. A rank
+  that sleeps before each step and then keeps pace is late in only some of its collectives, but
+  in every stretch, so its mean stands out all the same;
+* material: above ``RELATIVE_FLOOR`` of the run's typical own delay, above ``FLOOR_NS``, and above
+  the clock error (two ranks' clocks may disagree by that much, so lateness below it is unproven).
+
+A healthy job, even a noisy one on an overloaded host, gives none: its ranks' means stay within
+their standard errors.
 """
 
 from __future__ import annotations
@@ -21,63 +40,113 @@ from rankstream.flows.diagnosis.calls import Calls
 
 __all__ = ["Straggler", "find_stragglers"]
 
-#: Lateness below this is never reported, whatever the noise (scheduling jitter of a healthy job).
+#: Excess below this is never reported, whatever the noise (scheduling jitter of a healthy job).
 FLOOR_NS = 1_000_000
-#: How many times the other ranks' typical lateness a straggler's must be.
+#: How many standard errors of its mean a straggler's lateness must be.
 NOISE_FACTOR = 4.0
-#: The share of its collectives in which a straggler is the last to arrive.
-LAST_SHARE = 0.6
+#: How many stretches a rank's excesses are cut into to estimate that standard error.
+BATCHES = 8
+#: Lateness below this share of the run's median own delay is not worth reporting.
+RELATIVE_FLOOR = 0.1
+#: The share of a rank's excesses left out at each end before averaging them.
+TRIM = 0.1
+#: A rank needs this many judged collectives before it can be called a straggler (one per stretch).
+MIN_COLLECTIVES = BATCHES
 
 
 @dataclass(frozen=True)
 class Straggler:
     rank: int
-    median_lateness_ns: int
-    last_share: float
+    #: The trimmed mean of its excess delay over its peers'.
+    lateness_ns: int
+    #: The share of its collectives in which its excess exceeded the threshold.
+    late_share: float
     threshold_ns: int
     collectives: int
     source: str
 
 
-def _segment_medians(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted by (key, value): the order, each segment's start, and each segment's median."""
-    order = np.lexsort((values, keys))
-    keys = keys[order]
+def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and sizes of the runs of equal ``keys`` (already grouped)."""
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    sizes = np.diff(np.r_[starts, len(keys)])
-    sorted_values = values[order]
-    medians = (sorted_values[starts + (sizes - 1) // 2] + sorted_values[starts + sizes // 2]) / 2
-    return order, starts, medians
+    return starts, np.diff(np.r_[starts, len(keys)])
+
+
+def _release_delays(calls: Calls, members: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per call (rows as in ``calls``): its collective's number and the rank's own delay (NaN where
+    the previous collective is unknown or was not logged by every member)."""
+    created = calls.created.astype(np.float64)
+    key = calls.group.astype(np.int64) * (int(calls.seq.max()) + 1) + calls.seq
+    starts, sizes = _segments(key)  # calls are sorted by (group, seq, rank)
+    collective = np.repeat(np.arange(len(starts)), sizes)
+    wanted = np.array([members.get(int(g), 0) for g in calls.group[starts]])
+    release = np.maximum.reduceat(created, starts)
+    release[(sizes != wanted) | (sizes < 2)] = np.nan
+    by_rank = np.lexsort((calls.record, created, calls.rank))
+    previous = np.full(len(calls), -1)
+    same_rank = calls.rank[by_rank[1:]] == calls.rank[by_rank[:-1]]
+    previous[by_rank[1:][same_rank]] = by_rank[:-1][same_rank]
+    delay = np.full(len(calls), np.nan)
+    known = previous >= 0
+    delay[known] = created[known] - release[collective[previous[known]]]
+    delay[np.isnan(release[collective])] = np.nan  # judged only where every member logged it
+    return collective, delay
+
+
+def _excess_over_others(collective: np.ndarray, delay: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, excess): each judged call's delay minus the median delay of its collective's other
+    judged members (the leave-one-out median, computed on sorted segments)."""
+    rows = np.flatnonzero(~np.isnan(delay))
+    order = rows[np.lexsort((delay[rows], collective[rows]))]
+    values = delay[order]
+    starts, sizes = _segments(collective[order])
+    start, size = np.repeat(starts, sizes), np.repeat(sizes, sizes)
+    position = np.arange(len(order)) - start
+    lo, hi = (size - 2) // 2, (size - 1) // 2
+    lo_at = start + lo + (lo >= position)
+    hi_at = start + hi + (hi >= position)
+    judged = size > 1
+    others = (values[np.minimum(lo_at, len(values) - 1)] + values[np.minimum(hi_at, len(values) - 1)]) / 2
+    return order[judged], (values - others)[judged]
+
+
+def _trimmed_mean(values: np.ndarray) -> float:
+    cut = int(len(values) * TRIM)
+    ordered = np.sort(values)
+    return float(ordered[cut:len(ordered) - cut].mean())
 
 
 def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: int = 0) -> list[Straggler]:
-    """``members``: group code -> member count (only collectives every member logged are used)."""
+    """``members``: group code -> member count (only collectives every member logged are judged)."""
     if not len(calls):
         return []
-    source = "creation times"
-    key = calls.group.astype(np.int64) * (int(calls.seq.max()) + 1) + calls.seq
-    measure = calls.created.astype(np.float64)
-    order, starts, medians = _segment_medians(key, measure)
-    sizes = np.diff(np.r_[starts, len(order)])
-    wanted = np.array([members.get(int(g), 0) for g in calls.group[order][starts]])
-    complete = np.repeat((sizes == wanted) & (sizes > 1), sizes)
-    late = measure[order] - np.repeat(medians, sizes)
-    ranks = calls.rank[order]
-    last_rows = (starts + sizes - 1)[(sizes == wanted) & (sizes > 1)]
-    last = np.bincount(ranks[last_rows], minlength=int(calls.rank.max()) + 1)
-    ranks, late = ranks[complete], late[complete]
-    if not len(ranks):
+    collective, delay = _release_delays(calls, members)
+    rows, excess = _excess_over_others(collective, delay)
+    if not len(rows):
         return []
-    rank_order, rank_starts, rank_medians = _segment_medians(ranks.astype(np.int64), late)
-    _, _, typical = _segment_medians(ranks.astype(np.int64), np.abs(late))
-    who = ranks[rank_order][rank_starts]
-    counts = np.diff(np.r_[rank_starts, len(ranks)])
+    material = max(FLOOR_NS, clock_error_ns, RELATIVE_FLOOR * float(np.nanmedian(delay)))
+    created = calls.created[rows]
+    by_rank: dict[int, np.ndarray] = {}
+    ranks = calls.rank[rows]
+    order = np.lexsort((created, ranks))
+    starts, sizes = _segments(ranks[order])
+    for start, size in zip(starts.tolist(), sizes.tolist()):
+        by_rank[int(ranks[order[start]])] = excess[order[start:start + size]]  # in creation order
+    error = {rank: _batch_error(values) for rank, values in by_rank.items() if len(values) >= MIN_COLLECTIVES}
     found = []
-    for i, rank in enumerate(who.tolist()):
-        others = np.delete(typical, i)
-        noise = float(np.median(others)) if len(others) else 0.0
-        threshold = max(FLOOR_NS, NOISE_FACTOR * noise, clock_error_ns)
-        share = float(last[rank]) / float(counts[i])
-        if rank_medians[i] > threshold and share >= LAST_SHARE:
-            found.append(Straggler(int(rank), int(rank_medians[i]), share, int(threshold), int(counts[i]), source))
-    return sorted(found, key=lambda s: -s.median_lateness_ns)
+    for rank, values in by_rank.items():
+        others = [e for r, e in error.items() if r != rank]
+        if rank not in error or not others:
+            continue
+        threshold = max(material, NOISE_FACTOR * float(np.median(others)))
+        lateness = _trimmed_mean(values)
+        if lateness > threshold:
+            found.append(Straggler(rank, int(lateness), float(np.mean(values > threshold)), int(threshold),
+                                   len(values), "creation times"))
+    return sorted(found, key=lambda s: -s.lateness_ns)
+
+
+def _batch_error(values: np.ndarray) -> float:
+    """The standard error of the mean of ``values`` by batch means (see the module docstring)."""
+    means = np.array([batch.mean() for batch in np.array_split(values, BATCHES)])
+    return float(means.std(ddof=1) / np.sqrt(BATCHES))

@@ -91,7 +91,7 @@ def test_timeline_cli_splits_and_the_checker_accepts_it(live, straggler_run, tmp
     assert len(files) > 1 and "split into" in result.stdout
     checked = cli(live, "check-trace", *files)
     assert checked.stdout.count(": ok,") == len(files)
-    report = cli(live, "report", straggler_run.run_id, "--json")
+    report = cli(live, "report", "--run", straggler_run.run_id, "--json")
     data = __import__("json").loads(report.stdout)
     assert data["slowest"][0]["rank"] == straggler_run.fault_rank
 

@@ -1,0 +1,71 @@
+"""The live watch judges a run only once the entries its ranks' heartbeats announce are stored:
+heartbeats and Flight Recorder entries travel on different topics, and a partial view blames the
+wrong rank."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import duckdb
+
+from rankstream.consumers.store import apply_schema
+from rankstream.flows.hang_watch import watch_pass
+from tests.diagnosis.fr_scenarios import scenarios
+from tests.diagnosis.storing import store_case
+
+CASE = next(c for c in scenarios() if c.name == "w8-tp2-dp4__skipped_collective__older__pickle__present")
+SECOND = 10**9
+
+
+def _claim(con, now: int, rank: int, beyond: int) -> None:
+    """Rank ``rank`` progressed 7 s ago to ``beyond`` collectives past what is stored in each group."""
+    stored = con.execute("SELECT pg_id::VARCHAR, max(collective_seq_id) FROM fr_entries WHERE run_id = 'run' "
+                         "AND rank = ? GROUP BY ALL", [rank]).fetchall()
+    con.execute("DELETE FROM heartbeats WHERE rank = ?", [rank])
+    status = json.dumps({pg: {"last_enqueued": seq + beyond, "last_completed": seq} for pg, seq in stored})
+    for sent in (now - 7 * SECOND, now - SECOND // 2):
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final, collectives) "
+                    "VALUES ('run', ?, 's', ?, false, ?)", [rank, sent, status])
+
+
+def _stored(now: int) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    apply_schema(con)
+    store_case(con, CASE, now_ns=now)
+    return con
+
+
+def test_a_run_whose_announced_entries_are_not_stored_yet_is_not_judged():
+    now = time.time_ns()
+    con = _stored(now)
+    _claim(con, now, rank=0, beyond=1)
+    judged, found = watch_pass(con, now_ns=now)
+    assert judged == set() and found == []
+
+
+def test_the_same_run_is_judged_once_they_are():
+    now = time.time_ns()
+    con = _stored(now)
+    _claim(con, now, rank=0, beyond=0)
+    judged, found = watch_pass(con, now_ns=now)
+    assert judged == {"run"}
+    assert [f.culprit_ranks for _, f in found][:1] == [list(CASE.expected.culprits)]
+
+
+def test_a_rank_whose_entries_never_come_holds_the_run_back_only_for_a_while():
+    now = time.time_ns()
+    con = _stored(now)
+    _claim(con, now - 12 * SECOND, rank=0, beyond=1)  # stopped 19 s ago: past 3 x stall_s
+    con.execute("UPDATE heartbeats SET sent_ns = ? WHERE rank = 0 AND sent_ns = ?",
+                [now - SECOND, now - 12 * SECOND - SECOND // 2])  # still heartbeating
+    judged, _ = watch_pass(con, now_ns=now)
+    assert judged == {"run"}
+
+
+def test_a_run_that_ended_cleanly_is_judged_for_disagreements_only():
+    now = time.time_ns()
+    con = _stored(now)
+    con.execute("UPDATE heartbeats SET final = true")
+    judged, found = watch_pass(con, now_ns=now)
+    assert judged == {"run"} and found == []  # the skipped call is a wait: nobody waits after a clean end
