@@ -71,8 +71,8 @@ _ENDED_GRACE_NS = 10 * 10**9
 #: stored. The heartbeat's groups are keyed by the group's id (``pg_id``), as torch's pg_status is.
 _LAG_SQL = """
 WITH claimed AS (
-    SELECT rank, arg_max(collectives, sent_ns) AS collectives FROM heartbeats
-    WHERE run_id = $run AND collectives IS NOT NULL GROUP BY rank
+    SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives
+    FROM heartbeats WHERE run_id = $run GROUP BY rank
 ), stored AS (
     SELECT rank, pg_id::VARCHAR AS pg, max(collective_seq_id) AS seq FROM fr_entries WHERE run_id = $run GROUP BY ALL
 )
@@ -131,9 +131,13 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
 
 
 def _ranks_with_entries_in_flight(con, run_id: str) -> set[int]:
-    """Ranks whose heartbeat claims a collective in some group beyond the last one stored for it."""
+    """Ranks whose heartbeat claims a collective in some group beyond the last one stored for it,
+    or that heartbeat without any progress yet (their Flight Recorder tap has not reported)."""
     behind = set()
     for rank, claimed, groups, stored in con.execute(_LAG_SQL, {"run": run_id}).fetchall():
+        if claimed is None:  # its tap has not reported yet: what the rank did is still unknown
+            behind.add(rank)
+            continue
         try:
             status = json.loads(claimed)
         except ValueError:

@@ -69,3 +69,14 @@ def test_a_run_that_ended_cleanly_is_judged_for_disagreements_only():
     con.execute("UPDATE heartbeats SET final = true")
     judged, found = watch_pass(con, now_ns=now)
     assert judged == {"run"} and found == []  # the skipped call is a wait: nobody waits after a clean end
+
+
+def test_a_run_with_a_rank_whose_tap_has_not_reported_yet_is_not_judged():
+    now = time.time_ns()
+    con = _stored(now)
+    con.execute("DELETE FROM heartbeats WHERE rank = 0")
+    for sent in (now - 7 * SECOND, now - SECOND // 2):  # heartbeats, but no progress of any group yet
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) VALUES ('run', 0, 's', ?, false)",
+                    [sent])
+    judged, found = watch_pass(con, now_ns=now)
+    assert judged == set() and found == []
