@@ -294,10 +294,10 @@ def main() -> None:
             row = materialized_round(root, args.events)
             analysis = row["steps"] + row["breakdown"]
             print(f"== on data already in DuckDB: {row['events']:,} events, 8 ranks")
-            print(f"  merge {row['merge']:.2f} s, step analysis {row['steps']:.2f} s, temporal breakdown + op stats "
+            print(f"  clock alignment {row['clocks']:.2f} s, step analysis {row['steps']:.2f} s, temporal breakdown + op stats "
                   f"{row['breakdown']:.2f} s: steps + breakdown {analysis:.2f} s (target 2 s), "
                   f"{row['events'] / analysis:,.0f} events/s")
-            print(f"  as one command (rankstream analyze run --only merge,steps,breakdown, startup included): "
+            print(f"  as one command (rankstream analyze run --only clocks,steps,breakdown, startup included): "
                   f"{row['command_s']:.2f} s")
     finally:
         down(config)

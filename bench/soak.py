@@ -458,7 +458,7 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     close_s = time.monotonic() - closing
     from rankstream.producers.spool import Spool
 
-    spool = Spool(config.spool_dir, "burst", rank, config.producer.spool_max_bytes)
+    spool = Spool(config.spool_dir, "burst", rank, max_bytes=config.producer.spool_max_bytes)
     left = sum(m.events for path in sorted(spool.directory.glob("*.seg")) for m in spool.read_segment(path))
     results.put({"rank": rank, "emitted": stats.events_emitted, "sent": stats.events_sent, "left_in_spool": left,
                  "dropped": stats.events_dropped, "spooled": stats.events_spooled,

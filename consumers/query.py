@@ -64,7 +64,7 @@ class Database:
     @contextlib.contextmanager
     def held(self) -> Iterator["Database"]:
         """Calls inside the block that open the file themselves share one connection, opened at
-        the first and closed at the end. Opening the file costs about 25 ms, so a command that
+        the first and closed at the end. Opening the file is not free, so a command that
         runs many queries (a timeline: a few per rank) holds it; meanwhile a materializer cannot
         start on the file. Calls that go to a query server are unchanged."""
         self._holding = True
@@ -178,7 +178,7 @@ class Database:
     def _remote(self, socket_path: str, sql: str, params, write: bool) -> pa.Table:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(socket_path)
-            send_request(sock, sql, bindable_params(params), write)
+            send_request(sock, sql, bindable_params(params), write=write)
             try:
                 return read_response(sock)
             except ServerError as exc:

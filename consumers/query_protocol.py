@@ -47,7 +47,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def send_request(sock: socket.socket, sql: str, params: list | dict | None, write: bool) -> None:
+def send_request(sock: socket.socket, sql: str, params: list | dict | None, *, write: bool) -> None:
     _send(sock, {"sql": sql, "params": params, "write": write})
 
 

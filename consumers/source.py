@@ -3,7 +3,7 @@
 No consumer group is used (groups on the embedded broker are slow to join and can jam): the
 materializer assigns every partition of its topics itself and seeks to the offsets it stored in
 DuckDB. A source also reports end offsets so ``status`` can show lag, and the topic ids that
-name the broker's incarnation (a broker that lost its log has new ones; see ``deploy.kafka``).
+name the broker's incarnation (a broker that lost its log has new ones; see ``producers.kafka_client``).
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""How rankstream runs: the embedded broker, `up`/`down`, Kafka plumbing and the in-memory bus."""
+"""How rankstream runs its infrastructure: the embedded broker launcher, compose files and Prefect
+deployments. Imports only ``schemas``."""

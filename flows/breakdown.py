@@ -167,11 +167,11 @@ LIMIT $3
 
 def analyze_breakdown(db_path: Path, run_id: str) -> None:
     """(Re)build ``temporal_breakdown`` and ``op_stats`` for a run."""
-    replace_run_rows(db_path, run_id, "breakdown", ["temporal_breakdown", "op_stats"],
-                     ["procedure:union_lengths", TEMPORAL_SQL, OP_STATS_SQL])
+    replace_run_rows(db_path, run_id, "breakdown", tables=["temporal_breakdown", "op_stats"],
+                     statements=["procedure:union_lengths", TEMPORAL_SQL, OP_STATS_SQL])
 
 
-def compare_runs(db_path: Path, run_a: str, run_b: str, limit: int = 25) -> list[dict]:
+def compare_runs(db_path: Path, run_a: str, run_b: str, *, limit: int = 25) -> list[dict]:
     """Step-time metrics, then the ops whose per-step time changed most, from ``run_a`` to ``run_b``
     (both analyzed: ``analyze_steps`` and ``analyze_breakdown``)."""
     return connect(db_path).arrow(COMPARE_SQL, [run_a, run_b, limit]).to_pylist()

@@ -1,7 +1,7 @@
 """Checks a file against the Chrome trace event format, as chrome://tracing and Perfetto read it.
 
 Used by the tests on every timeline rankstream writes, and available to users
-(``rankstream timeline --check FILE``) for any trace. It loads the file whole: it is a checker,
+(``rankstream check-trace FILE``) for any trace. It loads the file whole: it is a checker,
 not part of the streaming path.
 """
 

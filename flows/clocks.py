@@ -111,7 +111,7 @@ WHERE e.source <> 'none' OR NOT EXISTS (SELECT 1 FROM estimates x WHERE x.rank =
 
 def align_clocks(db_path: Path | Database, run_id: str) -> None:
     """(Re)compute ``clock_offsets`` for a run; ``aligned_events`` follows at once."""
-    replace_run_rows(db_path, run_id, "clocks", ["clock_offsets"], [OFFSETS_SQL])
+    replace_run_rows(db_path, run_id, "clocks", tables=["clock_offsets"], statements=[OFFSETS_SQL])
 
 
 def clock_offsets(db_path: Path | Database, run_id: str) -> list[dict]:

@@ -104,5 +104,5 @@ FROM pairs GROUP BY kind, src, dst
 
 def analyze_communication(db_path: Path, run_id: str) -> None:
     """(Re)build ``comm_summary`` and ``comm_matrix`` for a run."""
-    replace_run_rows(db_path, run_id, "communication", ["comm_summary", "comm_matrix"],
-                     [COMM_SUMMARY_SQL, COMM_MATRIX_SQL])
+    replace_run_rows(db_path, run_id, "communication", tables=["comm_summary", "comm_matrix"],
+                     statements=[COMM_SUMMARY_SQL, COMM_MATRIX_SQL])

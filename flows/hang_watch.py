@@ -169,7 +169,7 @@ class HangWatch:
     """Runs ``watch_pass`` every ``interval_s`` on its own cursor and keeps the episodes."""
 
     def __init__(self, connection: duckdb.DuckDBPyConnection, interval_s: float = 2.0, stall_s: float = 5.0,
-                 dead_s: float = 5.0, log=print) -> None:
+                 *, dead_s: float = 5.0, log=print) -> None:
         self._cursor = connection.cursor()
         self._log = log
         self._interval, self._stall, self._dead = interval_s, stall_s, dead_s
@@ -201,14 +201,14 @@ class HangWatch:
         try:
             judged, found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
         except WatchFailed as failed:  # keep what was judged, then report the rest
-            record_episodes(self._cursor, failed.judged, failed.found, now_ns)
+            record_episodes(self._cursor, failed.judged, failed.found, now_ns=now_ns)
             raise
-        record_episodes(self._cursor, judged, found, now_ns)
+        record_episodes(self._cursor, judged, found, now_ns=now_ns)
         self.passes += 1
         return found
 
 
-def record_episodes(cursor, judged: set[str], found: list[tuple[str, Finding]], now_ns: int) -> None:
+def record_episodes(cursor, judged: set[str], found: list[tuple[str, Finding]], *, now_ns: int) -> None:
     """Open an episode for each new finding, extend the ones still found, close the others of the
     runs judged in this pass (a run no longer judged keeps its episodes as they were)."""
     with transaction(cursor):

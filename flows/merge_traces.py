@@ -2,7 +2,7 @@
 
 What Composer's trace merger does, as one command (like ``diagnose`` for Flight Recorder dumps):
 the files' events become the rows ``rankstream import trace`` stores, in a scratch DuckDB database
-instead of going through the bus; they are put on one clock (``flows.merge``: Composer's clock-sync
+instead of going through the bus; they are put on one clock (``flows.clocks``: Composer's clock-sync
 metadata with its error bound, Kineto's base time, or ProfilerStep starts) and written as one
 timeline (``flows.timeline``, pid = rank).
 
@@ -38,9 +38,8 @@ __all__ = ["MergedTraces", "merge_trace_files", "RUN_ID"]
 
 #: The run the scratch database files the events under (it holds nothing else).
 RUN_ID = "merged"
-#: Batches per INSERT: about 64k events, whatever the files' size. With 256 (256k events) the
-#: command's peak RSS was 426-443 MB on 2 x 72 MB files; with 64, 345-353 MB, for about 0.3 s more
-#: (9.06 against 8.5-9.0 s). Capping DuckDB's memory as well saved 10 MB more and cost 0.7-2 s.
+#: Batches per INSERT (a fixed number of events, whatever the files' size): larger inserts raised
+#: the command's peak memory for almost no time saved (docs/benchmarks.md).
 _BATCHES_PER_INSERT = 64
 #: DuckDB's memory for the scratch database; past it, its blocks spill to the scratch directory.
 SCRATCH_MEMORY = "256MB"
@@ -49,7 +48,7 @@ SCRATCH_MEMORY = "256MB"
 @dataclass
 class MergedTraces:
     files: list[TraceFile]
-    #: Every clock estimate per rank, the chosen one first (``flows.merge.clock_offsets``).
+    #: Every clock estimate per rank, the chosen one first (``flows.clocks.clock_offsets``).
     offsets: list[dict]
     timeline: TimelineResult
 
@@ -65,7 +64,7 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
             connection.execute(ddl())
             files = _read_arrays(connection, paths, rank)
             rest = [path for path, info in zip(paths, files) if info is None]
-            scanned = iter(scan_files(rest, rank, batch_events, Path(scratch)) if rest else [])
+            scanned = iter(scan_files(rest, rank, batch_events, directory=Path(scratch)) if rest else [])
             for index, info in enumerate(scanned):
                 with BatchFile(Path(scratch) / str(index)) as batches:
                     _insert(connection, info, batches)
@@ -82,7 +81,7 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
 def _read_arrays(connection: duckdb.DuckDBPyConnection, paths: list[Path], rank: int | None) -> list[TraceFile | None]:
     """The files DuckDB's reader takes, read one per core (each on its own cursor); None for the rest."""
     with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda path: insert_array_trace(connection.cursor(), path, RUN_ID, rank), paths))
+        return list(pool.map(lambda path: insert_array_trace(connection.cursor(), path, RUN_ID, rank=rank), paths))
 
 
 def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile) -> None:

@@ -31,7 +31,7 @@ ANALYSES = {
 
 
 def analyze_everything(db_path: Path, run_id: str, collectives: bool = True,
-                       only: list[str] | None = None) -> dict[str, float]:
+                       *, only: list[str] | None = None) -> dict[str, float]:
     """Run every analysis for ``run_id`` (or ``only`` those named, still in dependency order, and
     then no collective diagnosis); returns seconds per analysis.
 

@@ -68,7 +68,7 @@ def diagnose_run(db_path: str, run_id: str) -> dict:
 
 
 @task(cache_policy=NO_CACHE)
-def timeline_task(db_path: str, run_id: str, output_dir: str, max_events: int) -> list[str]:
+def timeline_task(db_path: str, run_id: str, output_dir: str, *, max_events: int) -> list[str]:
     result = write_timeline(Path(db_path), run_id, Path(output_dir) / f"{run_id}.json.gz", max_events=max_events)
     return [str(path) for path in result.files]
 
@@ -112,10 +112,10 @@ def breakdown_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | 
 
 @flow(name="rankstream-timeline")
 def timeline(db_path: str = "rankstream.duckdb", output_dir: str = "timelines", run_ids: list[str] | None = None,
-             within_minutes: float = 60.0, max_events: int = 2_000_000) -> dict[str, list[str]]:
+             *, within_minutes: float = 60.0, max_events: int = 2_000_000) -> dict[str, list[str]]:
     """Merge, then a Chrome trace per run in ``output_dir`` (split by step range past ``max_events``)."""
     runs = _runs(db_path, run_ids, within_minutes)
-    return {run: timeline_task(db_path, analysis_task(db_path, run, "clocks"), output_dir, max_events) for run in runs}
+    return {run: timeline_task(db_path, analysis_task(db_path, run, "clocks"), output_dir, max_events=max_events) for run in runs}
 
 
 @flow(name="rankstream-collective-diagnosis")
@@ -135,7 +135,7 @@ def run_analyses(db_path: str = "rankstream.duckdb", run_id: str = "", timeline_
     if run_id in runs_with_flight_recorder_data(db_path):
         out["collectives"] = diagnose_run(db_path, run_id)
     if timeline_dir:
-        out["timeline"] = timeline_task(db_path, run_id, timeline_dir, 2_000_000)
+        out["timeline"] = timeline_task(db_path, run_id, timeline_dir, max_events=2_000_000)
     return out
 
 
@@ -146,6 +146,6 @@ def end_of_run(db_path: str = "rankstream.duckdb", timeline_dir: str | None = No
     done = []
     for run in finished_runs_to_analyze(Path(db_path)):
         run_analyses(db_path, run, timeline_dir)
-        replace_run_rows(Path(db_path), run, "end_of_run", [], [])  # no rows: just record it in analyses_done
+        replace_run_rows(Path(db_path), run, "end_of_run", tables=[], statements=[])  # no rows: just record it in analyses_done
         done.append(run)
     return done

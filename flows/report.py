@@ -115,7 +115,7 @@ def render_run_report(run_id: str, report: dict[str, list[dict]], console: Conso
                       f"slowest in {top['times_slowest']} of {top['steps']} steps)")
 
 
-def render_comparison(run_a: str, run_b: str, rows: list[dict], console: Console) -> None:
+def render_comparison(run_a: str, run_b: str, rows: list[dict], *, console: Console) -> None:
     if rows:
         console.print(_table(f"{run_a} -> {run_b}", rows))
     else:

@@ -65,7 +65,7 @@ def analysis_done(run_id: str, analysis: str, detail: str | None = None) -> tupl
             {"run": run_id, "analysis": analysis, "now": time.time_ns(), "detail": detail})
 
 
-def replace_run_rows(db_path: Path, run_id: str, analysis: str, tables: Iterable[str],
+def replace_run_rows(db_path: Path, run_id: str, analysis: str, *, tables: Iterable[str],
                      statements: Iterable[str], detail: str | None = None, **values: Any) -> None:
     """Delete ``run_id``'s rows from ``tables`` and run ``statements`` (which insert the new rows),
     all in one transaction, then record the analysis in ``analyses_done``. A statement may be a

@@ -1,6 +1,6 @@
 """Step analysis: how long each rank's steps take, where the time goes, and who is slow.
 
-``analyze_steps`` fills two tables for a run (see ``schemas/tables.sql``):
+``analyze_steps`` fills two tables for a run (declared in ``schemas/analysis_tables.py``):
 
 * ``step_trace``, one row per (step, rank) like MindSpore's step_trace_time: duration split into
   data loading, forward, backward, optimizer and communication, plus MindSpore's iteration
@@ -99,4 +99,4 @@ FROM per_rank
 
 def analyze_steps(db_path: Path, run_id: str) -> None:
     """(Re)build ``step_trace`` and ``rank_slowness`` for a run."""
-    replace_run_rows(db_path, run_id, "steps", ["step_trace", "rank_slowness"], [STEP_TRACE_SQL, RANK_SLOWNESS_SQL])
+    replace_run_rows(db_path, run_id, "steps", tables=["step_trace", "rank_slowness"], statements=[STEP_TRACE_SQL, RANK_SLOWNESS_SQL])

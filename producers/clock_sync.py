@@ -41,7 +41,7 @@ def _store_barrier(store, key: str, world_size: int, timeout_s: float) -> None:
         store.wait([f"{key}/open"], timedelta(seconds=timeout_s))
 
 
-def sample_clock(store, run_id: str, round_number: int, world_size: int, timeout_s: float = 10.0) -> ClockSample:
+def sample_clock(store, run_id: str, round_number: int, *, world_size: int, timeout_s: float = 10.0) -> ClockSample:
     """Two store barriers around a clock reading. Raises (after ``timeout_s``) if a peer is missing."""
     key = f"rankstream/clock/{run_id}/{round_number}"
     before = time.time_ns()
@@ -57,7 +57,7 @@ class ClockRounds:
     moves the number on, whether the round succeeded (the next periodic sample uses the next one)
     or timed out (so the peers that come late meet the ones that retry)."""
 
-    def __init__(self, store, run_id: str, world_size: int, timeout_s: float = 10.0) -> None:
+    def __init__(self, store, run_id: str, world_size: int, *, timeout_s: float = 10.0) -> None:
         self._store = store
         self._run_id = run_id
         self._world_size = world_size
@@ -70,6 +70,6 @@ class ClockRounds:
         """One round's sample; raises (after the timeout) if a peer is missing."""
         self.round = round_number = int(self._store.add(self._key, 0))  # adding 0 reads the counter
         try:
-            return sample_clock(self._store, self._run_id, round_number, self._world_size, self._timeout_s)
+            return sample_clock(self._store, self._run_id, round_number, world_size=self._world_size, timeout_s=self._timeout_s)
         finally:  # the first rank to get here moves everyone on; the others find it done
             self._store.compare_set(self._key, str(round_number), str(round_number + 1))

@@ -75,7 +75,7 @@ class _SegmentReplay:
 
 class Delivery:
     def __init__(self, transport: Transport, spool: Spool, max_inflight_bytes: int,
-                 retry_interval_s: float = 1.0, *, resend_window_s: float = 60.0,
+                 *, retry_interval_s: float = 1.0, resend_window_s: float = 60.0,
                  resend_window_bytes: int = 64 << 20, incarnation_check_s: float = 2.0,
                  on_broker_reset: Callable[[], None] | None = None) -> None:
         self._transport = transport
@@ -256,7 +256,7 @@ class Delivery:
             self._inflight[token] = (message, replay)
         try:
             self._transport.send(message.topic, message.key, message.value,
-                                 lambda error: self._on_done(token, error))
+                                 done=lambda error: self._on_done(token, error))
         except Exception as exc:  # the transport refused synchronously (buffer full, not connected)
             self._on_done(token, exc)
 

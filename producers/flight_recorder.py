@@ -1,15 +1,14 @@
 """The Flight Recorder tap: streams a rank's FR ring buffer while the job runs.
 
-Cost is what shapes it. Measured with a 2,000-entry ring: a dump with stack traces takes about
-300 ms, one without about 30 ms, and the groups' progress alone (``includeCollectives=False``)
-about 7 µs. So every ``interval_s`` the tap:
+Cost is what shapes it: a dump with stack traces is the most expensive read, one without is an
+order of magnitude cheaper, and the groups' progress alone (``includeCollectives=False``) is
+nearly free (docs/benchmarks.md has the figures). So every ``interval_s`` the tap:
 
 1. reads only the groups' progress (last enqueued/started/completed collective per group) and puts
    it on the heartbeats;
 2. takes a full dump, without stack traces, only if progress was made and a dump is due: every
    ``full_every_s`` (1 s by default), but never more often than keeps full dumps under
-   ``DUMP_CPU_SHARE`` of one core (a full 2,000-entry ring costs 50-90 ms to dump and parse, so
-   about every 5-9 s then); sooner when half the ring has been refilled (so no entry is ever
+   ``DUMP_CPU_SHARE`` of one core (with a full ring, every few seconds); sooner when half the ring has been refilled (so no entry is ever
    missed), or when a collective looks stuck (enqueued but not completed, with no progress since
    the last tick: the live hang detector needs those entries quickly);
 3. publishes only entries that are new or whose state changed, keyed by ``record_id``, and the
@@ -77,14 +76,13 @@ def _pending(status: dict[str, dict[str, int]]) -> set[str]:
             if s.get("last_enqueued", -1) > s.get("last_completed", s.get("last_enqueued", -1))}
 
 
-#: The most of one core periodic full dumps may use. Measured on the soak benchmark: a 1 s dump
-#: period with a full ring cost 24 ms of CPU per second per rank, and each dump holds the GIL, so
-#: the training thread waits on it.
+#: The most of one core periodic full dumps may use: each dump holds the GIL, so the training
+#: thread waits on it.
 DUMP_CPU_SHARE = 0.01
 
 
 class FlightRecorderTap:
-    def __init__(self, producer, interval_s: float = 1.0, full_every_s: float = 1.0, ring_size: int = 2000,
+    def __init__(self, producer, interval_s: float = 1.0, full_every_s: float = 1.0, *, ring_size: int = 2000,
                  backend: str | None = None, dumps: FlightRecorderDumps | None = None,
                  main_thread_id: int | None = None, dump_cpu_share: float | None = DUMP_CPU_SHARE) -> None:
         self._producer = producer

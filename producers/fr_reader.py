@@ -1,7 +1,7 @@
 """The Flight Recorder reader: torch's dump files and bytes in rankstream's fields.
 
 The one place FR dumps are read, by ``rankstream import fr`` (through the bus), by ``rankstream
-diagnose`` (``flows.dump_loader``) and by the live tap (``producers.flight_recorder``), so live,
+diagnose`` (``flows.diagnosis.loader``) and by the live tap (``producers.flight_recorder``), so live,
 imported and diagnosed entries are the same rows. It reads what real dumps are (torch 2.x, NCCL
 and gloo, pickle and JSON):
 

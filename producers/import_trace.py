@@ -124,7 +124,7 @@ def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
 
 
 def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = None,
-               batch_events: int = 1000) -> TraceFile:
+               *, batch_events: int = 1000) -> TraceFile:
     """First pass: check every event, find the rank, the base time and the step spans, and (with
     ``batches``) convert the events into batches of ``batch_events``."""
     check_input_file(path)
@@ -197,7 +197,7 @@ PARALLEL_READ_BYTES = 16 << 20
 def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path) -> TraceFile:
     """A reader process's work: the first pass of one file, its batches into ``batch_path``."""
     with BatchFile(batch_path) as batches:
-        return scan_trace(path, rank, batches, batch_events)
+        return scan_trace(path, rank, batches, batch_events=batch_events)
 
 
 def check_inputs(paths: list[Path], rank: int | None) -> None:
@@ -208,7 +208,7 @@ def check_inputs(paths: list[Path], rank: int | None) -> None:
         check_input_file(path)
 
 
-def scan_files(paths: list[Path], rank: int | None, batch_events: int, directory: Path) -> list[TraceFile]:
+def scan_files(paths: list[Path], rank: int | None, batch_events: int, *, directory: Path) -> list[TraceFile]:
     """The first pass of every file, one process per core when there is enough to read; the
     batches of ``paths[i]`` end up in ``directory / f"{i}"``. The first bad file (in the order
     given) raises its error; so do ``rank`` with several files and a path that is no input file,

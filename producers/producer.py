@@ -118,7 +118,7 @@ class Producer(SenderLoop):
         self._topics = {stream: topic_for(self._config.topic_prefix, stream) for stream in Stream}
         if transport is None:
             transport = KafkaTransport(self._config)
-        spool = Spool(self._config.spool_dir, run_id, rank, settings.spool_max_bytes)
+        spool = Spool(self._config.spool_dir, run_id, rank, max_bytes=settings.spool_max_bytes)
         self._groups: list | None = None
         self._delivery = Delivery(transport, spool, settings.max_inflight_bytes,
                                   resend_window_s=settings.resend_window_s,

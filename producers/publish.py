@@ -39,7 +39,7 @@ def wait_for_room(producer, limit: int = IMPORT_BACKLOG_EVENTS) -> None:
         time.sleep(0.002)
 
 
-def publish_ranks(config: Config, run_id: str, ranks: list[int], world_size: int, session_id: str,
+def publish_ranks(config: Config, run_id: str, ranks: list[int], *, world_size: int, session_id: str,
                   fill: Callable[[dict[int, Producer]], dict[int, int]], summary: ImportSummary) -> None:
     """Run ``fill`` with one producer per rank (it returns records per rank) and make sure every
     message left. Session ids are ``<session_id>-<rank>``, so a re-import repeats its batch keys."""
@@ -81,7 +81,7 @@ def publish_fr_dumps(config: Config, directory: Path, *, prefix: str = "rank",
                 producer.set_collectives(dump.status)
             return {dump.rank: len(dump.entries)}
 
-        publish_ranks(config, summary.run_id, [dump.rank], world_size, dump.session_id, fill, summary)
+        publish_ranks(config, summary.run_id, [dump.rank], world_size=world_size, session_id=dump.session_id, fill=fill, summary=summary)
     return summary
 
 
@@ -100,14 +100,14 @@ def publish_traces(config: Config, paths: list[Path], *, run_id: str | None = No
                    rank: int | None = None) -> ImportSummary:
     """Check every file, then publish their events through the bus (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="rankstream-import-") as directory:
-        scanned = scan_files(paths, rank, config.producer.batch_events, Path(directory))
+        scanned = scan_files(paths, rank, config.producer.batch_events, directory=Path(directory))
         ranks = {s.rank for s in scanned if s.rank is not None} | {p for s in scanned if s.ranks_from_pid for p in s.pids}
         world_size = max([len(paths)] + [r + 1 for r in ranks] + [s.world_size or 0 for s in scanned])
         summary = ImportSummary(run_id=run_id or f"trace-{scanned[0].path.name.split('.')[0]}")
         for index, info in enumerate(scanned):
             targets = sorted(info.pids) if info.ranks_from_pid else [info.rank]
             with BatchFile(Path(directory) / str(index)) as batches:
-                publish_ranks(config, summary.run_id, targets, world_size, info.session_id,
-                              lambda producers, info=info, batches=batches: _emit_events(info, batches, producers),
-                              summary)
+                publish_ranks(config, summary.run_id, targets, world_size=world_size, session_id=info.session_id,
+                              fill=lambda producers, info=info, batches=batches: _emit_events(info, batches, producers),
+                              summary=summary)
     return summary

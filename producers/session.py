@@ -35,7 +35,7 @@ def _dist():
 
 
 def resolve_identity(run_id: str | None, rank: int | None, world_size: int | None,
-                     launch: LaunchEnvironment) -> tuple[str, int, int]:
+                     *, launch: LaunchEnvironment) -> tuple[str, int, int]:
     """Who this rank is: explicit arguments, then the process group, then the launcher's variables.
 
     Without an explicit run id (argument, RANKSTREAM_RUN_ID or torchrun's rendezvous id) and with a
@@ -118,7 +118,7 @@ class RankSession:
             self._send_groups(dist)
             try:
                 rounds = rounds or ClockRounds(dist.distributed_c10d._get_default_store(), self.run_id,
-                                               self.world_size, self._clock_timeout)
+                                               self.world_size, timeout_s=self._clock_timeout)
                 sample = rounds.sample()
                 self.producer.emit_rank_metadata(clock_sync_ns=sample.sync_ns, clock_error_ns=sample.error_ns,
                                                  clock_round=sample.round)

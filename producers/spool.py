@@ -39,7 +39,7 @@ class SpooledMessage:
 
 
 class Spool:
-    def __init__(self, root: Path, run_id: str, rank: int, max_bytes: int) -> None:
+    def __init__(self, root: Path, run_id: str, rank: int, *, max_bytes: int) -> None:
         self.directory = Path(root) / _UNSAFE.sub("_", run_id) / f"rank{rank}"
         self.max_bytes = max_bytes
         self.last_error: str | None = None

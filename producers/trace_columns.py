@@ -1,7 +1,7 @@
 """Parsed Chrome trace events (dicts) to trace batches, a chunk at a time, in two steps.
 
 :func:`event_columns` turns a chunk into whole columns while the file is first read (one
-``Producer.emit`` per event cost about 10 µs with its argument handling; columns cost a few).
+a ``Producer.emit`` per event pays its argument handling on every event; a column pays it once).
 What needs the whole file, the base time (Kineto may write it last) and the step spans, is
 filled in afterwards by :func:`finish_batch`. The values are exactly what a per-event
 conversion gives:

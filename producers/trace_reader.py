@@ -31,9 +31,8 @@ from rankstream.producers.importing import paused_gc
 __all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]
 
 #: Text parsed at once by the fast reader: large enough to amortise the cut search, small enough
-#: that a slice's parsed events (about 30x the text as Python objects) stay a few tens of MB.
-#: Larger slices were no faster (1 to 4 MB on a 36 MB file: 1.4-1.9 s either way, peak RSS 61
-#: against 143 MB).
+#: that a slice's parsed events (many times the text as Python objects) stay small. Larger
+#: slices were no faster and took more memory (docs/benchmarks.md).
 CHUNK_BYTES = 1 << 20
 EDGE_BYTES = 1 << 18
 #: Where to look for the last cut of a slice: the tail of the buffer, widened if it has none.

@@ -49,8 +49,8 @@ _INTEGER = "'-?[0-9]+'"
 
 #: One file's events into ``trace_events``. A value the importer would treat differently raises
 #: (``error``), which rolls the whole statement back. The checks look at the JSON text DuckDB keeps
-#: for each value (a string starts with a quote, an integer is digits), which costs a third of
-#: asking ``json_type`` for each: 0.40 against 0.53 s for a 36 MB file.
+#: for each value (a string starts with a quote, an integer is digits), which is cheaper than
+#: asking ``json_type`` for each.
 _INSERT_SQL = f"""
 INSERT INTO trace_events BY NAME
 WITH raw AS (
@@ -106,8 +106,8 @@ _TOKEN_TAIL = frozenset(b" \t\r\nnul")
 
 def _may_hold_null_token(handle) -> bool:
     """Whether the file may hold a JSON ``null`` token, read a block at a time. Mapping the file
-    instead made its pages count in the process's memory: reading two 288 MB files at once peaked
-    at 649 MB against 347 MB. A block carries its end over to the next from the last byte that
+    instead made its pages count in the process's memory, nearly doubling the peak when two large
+    files are read at once. A block carries its end over to the next from the last byte that
     could begin a token cut in two (a delimiter followed only by blanks and part of ``null``)."""
     carry = b""
     while block := handle.read(_SCAN_BYTES):
@@ -124,7 +124,7 @@ def _may_hold_null_token(handle) -> bool:
 
 
 def insert_array_trace(connection: duckdb.DuckDBPyConnection, path: Path, run_id: str,
-                       rank: int | None = None) -> TraceFile | None:
+                       *, rank: int | None = None) -> TraceFile | None:
     """Insert ``path``'s events as ``run_id``'s rows for ``rank`` (else the rank in the file name)
     and say what was read; None, with nothing inserted, for a file the importer must read."""
     rank = rank if rank is not None else rank_in_name(path)

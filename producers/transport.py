@@ -3,12 +3,12 @@
 A transport has four calls, all made from the producer's sender thread only:
 
 * ``connect()`` returns True when the bus is reachable (it may block for a couple of seconds);
-* ``send(topic, key, value, done)`` queues one message and later calls ``done(error_or_None)``;
+* ``send(topic, key, value, done=...)`` queues one message and later calls ``done(error_or_None)``;
   it may raise, which the caller treats as a failed send. A permanent error
   (:class:`MessageRefused`) drops the message; any other is retried from the spool;
 * ``flush(timeout_s)`` waits for queued messages; ``close()`` releases everything;
 * ``incarnation()`` names the broker incarnation (its topic ids), or None when it cannot tell; a
-  new name means the broker lost everything it had acknowledged (see ``deploy.kafka``).
+  new name means the broker lost everything it had acknowledged (see ``producers.kafka_client``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ Done = Callable[[BaseException | None], None]
 
 class Transport(Protocol):
     def connect(self) -> bool: ...
-    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None: ...
+    def send(self, topic: str, key: bytes, value: bytes, *, done: Done) -> None: ...
     def flush(self, timeout_s: float) -> None: ...
     def close(self) -> None: ...
     def incarnation(self) -> str | None: ...
@@ -104,7 +104,7 @@ class KafkaTransport:
         self.last_error = None
         return True
 
-    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None:
+    def send(self, topic: str, key: bytes, value: bytes, *, done: Done) -> None:
         if self._producer is None:
             raise BrokerUnavailable("not connected")
         try:

@@ -39,7 +39,7 @@ _get_tid = threading.get_native_id
 
 
 def init(run_id: str | None = None, rank: int | None = None, world_size: int | None = None,
-         enabled: bool = True, *, config: Config | None = None, metadata: Mapping[str, Any] | None = None,
+         *, enabled: bool = True, config: Config | None = None, metadata: Mapping[str, Any] | None = None,
          fr_tap: bool = True, fr_interval_s: float = 1.0, fr_full_every_s: float = 1.0, fr_buffer_size: int = 2000,
          clock_sync: bool = True, clock_sync_interval_s: float = 60.0):
     """Start streaming this rank. Safe to call more than once: later calls return the same session.

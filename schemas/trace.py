@@ -101,8 +101,8 @@ def _sparse_args(values: Sequence[Any]) -> tuple[bytes, list[str]]:
     return at.tobytes(), [_args_text(values[i]) for i in present]
 
 
-#: orjson took 0.2 µs per counter event's args where a reused ``json.JSONEncoder`` took 1.8 µs:
-#: with the broker down, encoding counter args was two thirds of the sender thread's time.
+#: orjson, because with the broker down encoding counter args with ``json`` was most of the sender
+#: thread's time (docs/benchmarks.md, "Measurements behind the code").
 _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS
 
 

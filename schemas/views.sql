@@ -28,7 +28,7 @@ CREATE OR REPLACE VIEW fr_entries_latest AS
 SELECT * FROM fr_entries
 QUALIFY row_number() OVER (PARTITION BY run_id, rank, record_id ORDER BY snapshot_ns DESC) = 1;
 
--- Derived by the analysis flows (flows/merge.py, flows/steps.py, flows/comms.py, flows/breakdown.py).
+-- Derived by the analysis flows (flows/clocks.py, flows/steps.py, flows/comms.py, flows/breakdown.py).
 -- Each analysis replaces one run's rows in one transaction, so these tables can hold many runs and
 -- a run can be re-analyzed while its data keeps arriving.
 

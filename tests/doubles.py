@@ -77,7 +77,7 @@ class MemoryTransport:
     def connect(self) -> bool:
         return self.bus.available
 
-    def send(self, topic: str, key: bytes, value: bytes, done: Done) -> None:
+    def send(self, topic: str, key: bytes, value: bytes, *, done: Done) -> None:
         try:
             self.bus.append(topic, key, value)
         except ConnectionError as exc:

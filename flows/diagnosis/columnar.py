@@ -81,7 +81,7 @@ def _codes_with_text(prints: np.ndarray, kind: str, vocabulary: Vocabulary, text
 
 
 def from_dump_entries_arrow(entries: list, rank: int, members: dict[str, list[int]],
-                            vocabulary: Vocabulary) -> Entries:
+                            *, vocabulary: Vocabulary) -> Entries:
     """One rank's raw dump entries as columns. Raises ``pa.ArrowInvalid``/``ArrowTypeError`` (or
     TypeError) when the entries are not of torch's types."""
     table = pa.array(entries, type=_ENTRY)

@@ -72,12 +72,12 @@ def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int
 def _judged_disagreements(run: Run, blocked: set[tuple[int, int]]) -> list[Disagreement]:
     found = first_disagreements(run.calls, run.sequences)
     for d in found:  # majorities first: their culprits are evidence for the ties
-        decide(d, run.sequences[d.group.code], [], set(), run.describe) if _has_majority(d) else None
+        decide(d, run.sequences[d.group.code], [], suspects=set(), describe=run.describe) if _has_majority(d) else None
     suspects = {rank for d in found if d.culprits for rank in d.culprits}
     for d in found:
         seqs = run.sequences[d.group.code]
         if not d.culprits and d.undecided is None:
-            decide(d, seqs, siblings_of(seqs, run.sequences), suspects, run.describe)
+            decide(d, seqs, siblings_of(seqs, run.sequences), suspects=suspects, describe=run.describe)
         classify(d, seqs, run.calls.unpack, blocked=(d.group.code, d.seq) in blocked)
     return found
 

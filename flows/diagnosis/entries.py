@@ -151,7 +151,7 @@ def _group_key(group) -> tuple[str, str | None]:
 
 
 def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
-                      vocabulary: Vocabulary) -> Entries:
+                      *, vocabulary: Vocabulary) -> Entries:
     """One rank's raw dump entries as columns. ``members`` maps a group name to its sorted global
     ranks (to turn a p2p op's group-local peer into a global rank). Raises ValueError naming the
     field when an entry does not follow the dump layout."""

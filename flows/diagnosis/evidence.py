@@ -29,7 +29,7 @@ def siblings_of(seqs: GroupSequences, sequences: dict[int, GroupSequences]) -> l
             and other.group.desc == group.desc and len(other.group.members) == len(group.members)]
 
 
-def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences], suspects: set[int],
+def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences], *, suspects: set[int],
            describe) -> None:
     """Name ``d``'s culprits and expected value: the majority, or else the evidence."""
     expected = majority(d.values)

@@ -26,7 +26,7 @@ __all__ = ["wait_graph", "hang_findings"]
 
 def wait_graph(run: Run) -> WaitGraph:
     graph = build_wait_graph(waiting_positions(run.calls, run.stateless), run.sequences, run.dumped,
-                             run.stateless)
+                             stateless=run.stateless)
     for gap in unmatched_p2p(run.entries):
         position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
         graph.waiting.append(position)
@@ -95,7 +95,7 @@ def _legitimate(run: Run, position: Position) -> bool:
         return False
     if family and len(seqs.values_at(position.seq)) == 1:
         peers = [m for m in seqs.group.members if m != position.rank and m in run.dumped]
-        return shift_origin(run.calls, position.rank, position.group, peers, position.seq) is None
+        return shift_origin(run.calls, position.rank, position.group, peers=peers, before=position.seq) is None
     return True
 
 
@@ -122,7 +122,7 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
             where = (edge.waiter.group, edge.waiter.seq)
             if where not in references:
                 references[where] = _program_between(run, group_desc, edge.waiter.group, edge.waiter.seq)
-            if gone_past(edge, run.calls, group_desc, references[where]):
+            if gone_past(edge, run.calls, group_desc, reference=references[where]):
                 found.setdefault(edge.target, []).append(edge)
     return found
 
@@ -133,11 +133,11 @@ def _program_between(run: Run, group_desc: dict[int, str], group: int, seq: int)
     fault got as far as ``seq``, its own gap would be the only example)."""
     seqs = run.sequences[group]
     family = [group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
-    reference = program_between(run.calls, group_desc, family, seq)
+    reference = program_between(run.calls, group_desc, family, seq=seq)
     period = period_of(seqs.consensus())
     for back in (period, 2 * period) if period else ():
         if seq - back > 1:
-            reference |= program_between(run.calls, group_desc, family, seq - back)
+            reference |= program_between(run.calls, group_desc, family, seq=seq - back)
     return reference
 
 
@@ -174,7 +174,7 @@ def _origin(run: Run, rank: int, seqs: GroupSequences, hang_seq: int,
     """Where the rank's shift began, when long before the hang (see ``origin``), and the stretch
     when its calls there are all alike (the dumps cannot tell which one it was)."""
     peers = [m for m in seqs.group.members if m != rank and m in run.dumped]
-    stretch = shift_origin(run.calls, rank, seqs.group.code, peers, hang_seq)
+    stretch = shift_origin(run.calls, rank, seqs.group.code, peers=peers, before=hang_seq)
     if stretch is None:
         return hang_seq, None
     first, last = stretch

@@ -68,9 +68,9 @@ def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk |
                 if pg_filters:
                     entries = [e for e in entries if isinstance(e, dict) and _group_matches(e, pg_filters)]
                 try:
-                    parts.append(from_dump_entries_arrow(entries, rank, mine, vocabulary))
+                    parts.append(from_dump_entries_arrow(entries, rank, mine, vocabulary=vocabulary))
                 except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):  # not torch's exact types
-                    parts.append(from_dump_entries(entries, rank, mine, vocabulary))
+                    parts.append(from_dump_entries(entries, rank, mine, vocabulary=vocabulary))
                 del dump, entries
         except BadInput as exc:
             return str(exc)

@@ -30,7 +30,7 @@ def _gaps(calls: Calls, rank: int, group: int) -> dict[int, int]:
             for seq, position, previous in zip(seqs[1:], positions[1:], positions[:-1])}
 
 
-def shift_origin(calls: Calls, rank: int, group: int, peers: list[int], before: int) -> tuple[int, int] | None:
+def shift_origin(calls: Calls, rank: int, group: int, *, peers: list[int], before: int) -> tuple[int, int] | None:
     """The stretch ``(first, last)`` of ``rank``'s calls of ``group`` in which they stopped lining up
     with its peers' program, if that is before ``before``; None when they line up throughout."""
     mine = _gaps(calls, rank, group)

@@ -27,7 +27,7 @@ _CHECKED = 48
 class GroupSequences:
     """The calls of one group: ``calls`` rows ``[lo, hi)`` (sorted by seq, then rank)."""
 
-    def __init__(self, group: Group, calls: Calls, lo: int, hi: int) -> None:
+    def __init__(self, group: Group, calls: Calls, lo: int, *, hi: int) -> None:
         self.group = group
         self._seq = calls.seq[lo:hi]
         self._rank = calls.rank[lo:hi]
@@ -136,5 +136,5 @@ def split_by_group(calls: Calls, groups: dict[int, Group]) -> dict[int, GroupSeq
     """Every group's ``GroupSequences`` (``calls`` is sorted by group)."""
     starts = np.flatnonzero(np.r_[True, calls.group[1:] != calls.group[:-1]]) if len(calls) else []
     ends = list(starts[1:]) + [len(calls)] if len(calls) else []
-    return {int(calls.group[lo]): GroupSequences(groups[int(calls.group[lo])], calls, int(lo), int(hi))
+    return {int(calls.group[lo]): GroupSequences(groups[int(calls.group[lo])], calls, int(lo), hi=int(hi))
             for lo, hi in zip(starts, ends) if int(calls.group[lo]) in groups}

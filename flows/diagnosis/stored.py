@@ -81,7 +81,7 @@ class StoredRun:
     """``clock_error_ns``: how far two ranks' creation times may still disagree once on one clock."""
 
     def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int],
-                 clock_error_ns: int = 0) -> None:
+                 *, clock_error_ns: int = 0) -> None:
         self.entries, self.listed, self.dumped = entries, listed, dumped
         self.clock_error_ns = clock_error_ns
 
@@ -148,4 +148,4 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
         shape=shape_index.reshape(-1).astype(np.int32), dtype=dtype_index.reshape(-1).astype(np.int32),
         state=table["state"].to_numpy(), created=created, record=table["record_id"].to_numpy(),
         vocabulary=vocabulary)
-    return StoredRun(entries, listed, np.unique(ranks).tolist(), clock_error_ns)
+    return StoredRun(entries, listed, np.unique(ranks).tolist(), clock_error_ns=clock_error_ns)

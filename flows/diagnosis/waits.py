@@ -144,7 +144,7 @@ def waiting_positions(calls: Calls, stateless: set[int]) -> list[Position]:
 
 
 def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequences], dumped: set[int],
-                     stateless: set[int]) -> WaitGraph:
+                     *, stateless: set[int]) -> WaitGraph:
     graph = WaitGraph()
     last = {code: seqs.last_seq() for code, seqs in sequences.items()}
     for position in positions:
@@ -177,7 +177,7 @@ def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequen
     return graph
 
 
-def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], seq: int) -> Counter:
+def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], *, seq: int) -> Counter:
     """What the job issues between call ``seq - 1`` and call ``seq`` of a group: per (group kind,
     op), the most any rank of ``groups`` (the group and its siblings) issued there."""
     reference: Counter = Counter()
@@ -194,7 +194,7 @@ def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], s
     return reference
 
 
-def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], reference: Counter) -> bool:
+def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter) -> bool:
     """Whether the absent target of ``edge`` went past the call its waiter waits in: after its own
     previous call in that group it issued calls of some kind more often than the job issues
     between that call and this one (``reference``, from ``program_between``)."""

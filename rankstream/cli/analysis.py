@@ -45,7 +45,7 @@ def report(
         return
     reporting.render_run_report(run, data, console)
     if compare:
-        reporting.render_comparison(run, compare, comparison, console)
+        reporting.render_comparison(run, compare, comparison, console=console)
 
 
 _STEPS = typer.Option(None, "--steps", help="Only steps a:b (inclusive).")

@@ -52,7 +52,7 @@ def _my_groups(groups: list[dict], rank: int) -> dict[str, dict]:
     return mine
 
 
-def run_synthetic_rank(job: SyntheticJob, rank: int, producer: Producer, pace_s: float = 0.0) -> int:
+def run_synthetic_rank(job: SyntheticJob, rank: int, producer: Producer, *, pace_s: float = 0.0) -> int:
     """Emit ``job.steps`` steps on ``producer``; returns the number of trace events emitted."""
     rng = random.Random(rank)
     groups = process_groups(job.world_size, job.tp_size)

@@ -33,7 +33,7 @@ def job(programs: dict[int, list[tuple]], group=("0", "default_pg")) -> tuple:
     vocabulary, parts = Vocabulary(), []
     for rank, calls in programs.items():
         rows = [entry(i, group, i + 1, *call) for i, call in enumerate(calls)]
-        parts.append(from_dump_entries(rows, rank, {}, vocabulary))
+        parts.append(from_dump_entries(rows, rank, {}, vocabulary=vocabulary))
     return concatenate(parts, vocabulary), sorted(programs)
 
 
@@ -49,8 +49,8 @@ def test_the_arrow_conversion_gives_the_python_conversion_s_columns():
             enumerate([("all_reduce", 8, "completed"), ("broadcast", 4, "started"), ("all_reduce", 8, "scheduled")])]
     rows.append({**entry(3, ("4", "pp"), 0, "send 0->1", p2p_seq=1), "profiling_name": "nccl:send 0->1"})
     one, other = Vocabulary(), Vocabulary()
-    python = recoded(from_dump_entries(rows, 2, {"4": [2, 6]}, one), Vocabulary())
-    arrow = recoded(from_dump_entries_arrow(rows, 2, {"4": [2, 6]}, other), Vocabulary())
+    python = recoded(from_dump_entries(rows, 2, {"4": [2, 6]}, vocabulary=one), Vocabulary())
+    arrow = recoded(from_dump_entries_arrow(rows, 2, {"4": [2, 6]}, vocabulary=other), Vocabulary())
     for name in ("seq", "p2p_seq", "is_p2p", "peer", "state", "record"):
         assert np.array_equal(getattr(python, name), getattr(arrow, name)), name
     for name, kind in (("group", "groups"), ("op", "ops"), ("shape", "shapes"), ("dtype", "dtypes")):
@@ -93,8 +93,8 @@ def test_an_unfinished_send_without_its_receive_waits_for_the_receiver():
     vocabulary = Vocabulary()
     sender = [entry(0, ("9", "pp"), 0, "send 0->1", state="started", p2p_seq=1)]
     receiver = [entry(0, ("9", "pp"), 0, "recv 1<-0", state="completed", p2p_seq=1)]
-    entries = concatenate([from_dump_entries(sender, 4, {"9": [4, 5]}, vocabulary),
-                           from_dump_entries(receiver, 5, {"9": [4, 5]}, vocabulary)], vocabulary)
+    entries = concatenate([from_dump_entries(sender, 4, {"9": [4, 5]}, vocabulary=vocabulary),
+                           from_dump_entries(receiver, 5, {"9": [4, 5]}, vocabulary=vocabulary)], vocabulary)
     [gap] = unmatched_p2p(entries)
     assert (gap.waiter, gap.peer, gap.op, gap.p2p_seq) == (4, 5, "send", 1)
 
@@ -125,20 +125,20 @@ def test_a_shifted_stretch_is_found_where_it_began():
                 dp_seq += 1
                 rows.append(entry(record, ("2", "dp"), dp_seq, "all_reduce"))
                 record += 1
-        return from_dump_entries(rows, rank, {}, vocabulary)
+        return from_dump_entries(rows, rank, {}, vocabulary=vocabulary)
     entries = concatenate([program(0, False), program(1, True)], vocabulary)
     calls = collective_calls(entries)
     dp = vocabulary.groups.index(("2", "dp"))
-    assert shift_origin(calls, 1, dp, [0], before=20) == (7, 7)
-    assert shift_origin(calls, 0, dp, [0], before=20) is None
+    assert shift_origin(calls, 1, dp, peers=[0], before=20) == (7, 7)
+    assert shift_origin(calls, 0, dp, peers=[0], before=20) is None
 
 
 def test_a_group_nobody_listed_gets_the_member_that_left_no_dump():
     vocabulary, parts = Vocabulary(), []
     for rank in (0, 1, 2, 4):  # rank 3 left no dump; its pair (2, 3) logged only rank 2
         rows = [entry(0, (str(10 + rank // 2), "tp"), 1, "all_gather")]
-        parts.append(from_dump_entries(rows, rank, {}, vocabulary))
-    parts.append(from_dump_entries([entry(0, ("12", "tp"), 1, "all_gather")], 5, {}, vocabulary))
+        parts.append(from_dump_entries(rows, rank, {}, vocabulary=vocabulary))
+    parts.append(from_dump_entries([entry(0, ("12", "tp"), 1, "all_gather")], 5, {}, vocabulary=vocabulary))
     groups, world = find_groups(concatenate(parts, vocabulary), {"0": list(range(6))}, [0, 1, 2, 4, 5])
     assert world == 6
     assert {g.name: g.members for g in groups.values()}["11"] == (2, 3)

@@ -104,15 +104,15 @@ paths = sorted(root.glob("*.json"))
 reader_pids = root / "reader_pids"
 real_scan = import_trace.scan_trace
 
-def recording_scan(*args):
+def recording_scan(*args, **kwargs):
     with open(reader_pids, "a") as out:
         out.write(f"{os.getpid()}\\n")
-    return real_scan(*args)
+    return real_scan(*args, **kwargs)
 
 import_trace.scan_trace = recording_scan
 import_trace.PARALLEL_READ_BYTES = 0
 (root / "par").mkdir()
-parallel = import_trace.scan_files(paths, None, 7, root / "par")
+parallel = import_trace.scan_files(paths, None, 7, directory=root / "par")
 readers = set(reader_pids.read_text().split())
 assert len(readers) == 2 and str(os.getpid()) not in readers, readers
 (root / "seq").mkdir()
@@ -124,7 +124,7 @@ for i in range(len(paths)):
 (root / "rank1.json").write_text('[{"ph": "X", "ts": 1}, {"ph": "Q"}]')
 (root / "bad").mkdir()
 try:
-    import_trace.scan_files(paths, None, 7, root / "bad")
+    import_trace.scan_files(paths, None, 7, directory=root / "bad")
 except BadInput as error:
     print("ERROR", error)
 """

@@ -102,7 +102,7 @@ def test_duckdb_and_the_importer_read_files_into_the_same_timeline(tmp_path, mon
         (tmp_path / f"rank{rank}.json.gz").write_bytes(gzip.compress((tmp_path / f"rank{rank}.json").read_bytes()))
     scanned = []
     real_scan = merge_traces.scan_files
-    monkeypatch.setattr(merge_traces, "scan_files", lambda paths, *a: scanned.extend(paths) or real_scan(paths, *a))
+    monkeypatch.setattr(merge_traces, "scan_files", lambda paths, *a, **k: scanned.extend(paths) or real_scan(paths, *a, **k))
     plain = merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json"], tmp_path / "plain.json")
     assert scanned == []
     mixed = merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json.gz"], tmp_path / "mixed.json")

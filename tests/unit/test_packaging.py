@@ -35,7 +35,7 @@ from rankstream.schemas.settings import load_config
 class ListTransport:
     def __init__(self): self.sent = []
     def connect(self): return True
-    def send(self, topic, key, value, done): self.sent.append(topic); done(None)
+    def send(self, topic, key, value, *, done): self.sent.append(topic); done(None)
     def flush(self, timeout_s): pass
     def close(self): pass
     def incarnation(self): return "one"

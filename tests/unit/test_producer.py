@@ -251,10 +251,10 @@ class StopsAnswering(MemoryTransport):
         super().__init__(bus)
         self.answered = answered
 
-    def send(self, topic, key, value, done):
+    def send(self, topic, key, value, *, done):
         if self.answered > 0:
             self.answered -= 1
-            super().send(topic, key, value, done)
+            super().send(topic, key, value, done=done)
 
 
 def test_messages_never_acknowledged_by_close_are_spooled_and_resent(make_config, bus):
@@ -322,14 +322,14 @@ class RefusesSomeBatches(MemoryTransport):
         super().__init__(bus)
         self.error, self.attempts, self.seen = error, 0, set()
 
-    def send(self, topic, key, value, done):
+    def send(self, topic, key, value, *, done):
         self.attempts += topic.endswith("trace")
         if topic.endswith("trace") and value not in self.seen:
             self.seen.add(value)
             if len(self.seen) % 3 == 0:
                 done(self.error)
                 return
-        super().send(topic, key, value, done)
+        super().send(topic, key, value, done=done)
 
 
 def test_a_message_the_broker_refuses_for_good_is_dropped_counted_and_not_retried(make_config, bus):

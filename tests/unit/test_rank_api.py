@@ -76,10 +76,10 @@ def test_every_call_is_a_no_op_without_a_session():
 def test_identity_from_arguments_then_launcher():
     launch = LaunchEnvironment(rank=3, world_size=8, local_rank=3, node_rank=0, local_world_size=8,
                                run_id="none", master="10.0.0.1:29500")
-    run_id, rank, world = resolve_identity(None, None, None, launch)
+    run_id, rank, world = resolve_identity(None, None, None, launch=launch)
     assert (rank, world) == (3, 8)
     assert run_id.startswith("job-10.0.0.1-29500-")  # torchrun's default rendezvous id "none" is ignored
-    assert resolve_identity("mine", 1, 2, launch) == ("mine", 1, 2)
+    assert resolve_identity("mine", 1, 2, launch=launch) == ("mine", 1, 2)
 
 
 class _SlowStore:

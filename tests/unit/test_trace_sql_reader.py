@@ -54,7 +54,7 @@ def _comparable(rows):
 def read_by_duckdb(path, rank=None):
     con = duckdb.connect()
     con.execute(ddl())
-    info = insert_array_trace(con, path, "run", rank)
+    info = insert_array_trace(con, path, "run", rank=rank)
     rows = execute_to_arrow(con, "SELECT * FROM trace_events", None).to_pylist()
     return info, rows
 
