@@ -15,12 +15,15 @@ command ends; a bad file stops it before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 
@@ -30,11 +33,11 @@ from rankstream.consumers.query import Database
 from rankstream.flows.clocks import clock_offsets, align_clocks
 from rankstream.flows.timeline import TimelineResult, write_timeline
 from rankstream.producers.batch_file import BatchFile
-from rankstream.producers.import_trace import TraceFile, check_inputs, file_parts, scan_files
+from rankstream.producers.import_trace import TRACE_BASE_KEY, TraceFile, check_inputs, file_parts, scan_files
 from rankstream.producers.trace_sql_reader import insert_array_trace
 from rankstream.schemas.tables import ddl
 
-__all__ = ["MergedTraces", "merge_trace_files", "RUN_ID"]
+__all__ = ["MergedTraces", "merge_trace_files", "scratch_run", "RUN_ID"]
 
 #: The run the scratch database files the events under (it holds nothing else).
 RUN_ID = "merged"
@@ -55,10 +58,22 @@ class MergedTraces:
 
 def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = None, steps: str | None = None,
                       window: str | None = None, max_events: int = 2_000_000, batch_events: int = 1000) -> MergedTraces:
-    """Merge ``paths`` into ``output`` (``.json`` or ``.json.gz``; ``steps``, ``window`` and
-    ``max_events`` as for :func:`~rankstream.flows.timeline.write_timeline`)."""
+    """Check every file, read them into a scratch database, align their clocks, write the timeline
+    (``steps``/``window``/``max_events`` as for :func:`~rankstream.flows.timeline.write_timeline`)."""
+    with scratch_run(paths, rank=rank, batch_events=batch_events) as (database, files):
+        align_clocks(database, RUN_ID)
+        return MergedTraces(files=files, offsets=clock_offsets(database, RUN_ID),
+                            timeline=write_timeline(database, RUN_ID, output, steps=steps, window=window,
+                                                    max_events=max_events))
+
+
+@contextlib.contextmanager
+def scratch_run(paths: list[Path], *, rank: int | None = None,
+                batch_events: int = 1000) -> Iterator[tuple[Database, list[TraceFile]]]:
+    """The files' events as run ``RUN_ID`` of a scratch database that lives as long as the block
+    (what ``merge`` and ``analyze trace`` work on, with no broker). Every file is checked first."""
     check_inputs(paths, rank)
-    with tempfile.TemporaryDirectory(prefix="rankstream-merge-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="rankstream-scratch-") as scratch:
         connection = duckdb.connect(config={"memory_limit": SCRATCH_MEMORY, "temp_directory": scratch})
         try:
             connection.execute(ddl())
@@ -69,11 +84,7 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
                 with BatchFile(Path(scratch) / str(index)) as batches:
                     _insert(connection, info, batches)
                 files[files.index(None)] = info
-            database = Database.over(connection, "the merge's scratch database")
-            align_clocks(database, RUN_ID)
-            return MergedTraces(files=files, offsets=clock_offsets(database, RUN_ID),
-                                timeline=write_timeline(database, RUN_ID, output, steps=steps, window=window,
-                                                        max_events=max_events))
+            yield Database.over(connection, "the scratch database"), files
         finally:
             connection.close()
 
@@ -86,6 +97,13 @@ def _read_arrays(connection: duckdb.DuckDBPyConnection, paths: list[Path], rank:
 
 def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile) -> None:
     """One file's events into ``trace_events``, with absolute times, steps and ranks."""
+    ranks = set()
     parts = ((RUN_ID, rank, batch) for rank, batch in file_parts(info, batches))
     while chunk := list(itertools.islice(parts, _BATCHES_PER_INSERT)):  # a chunk at a time: bounded memory
         insert_arrow(con, "trace_events", trace_table(chunk))
+        ranks |= {rank for _, rank, _ in chunk}
+    for rank in sorted(ranks):  # what an import through the bus records about the file (producers.publish)
+        con.execute("INSERT INTO rank_metadata (run_id, rank, session_id, sent_ns, host, pid, started_at_ns, metadata) "
+                    "VALUES (?, ?, ?, 0, '', 0, 0, ?)",
+                    [RUN_ID, rank, info.session_id, json.dumps({"imported_from": str(info.path),
+                                                                TRACE_BASE_KEY: info.base_ns})])

@@ -14,6 +14,7 @@ from rankstream.consumers.query import connect
 from rankstream.schemas.errors import BadInput
 from rankstream.flows.breakdown import analyze_breakdown
 from rankstream.flows.comms import analyze_communication
+from rankstream.flows.gpu_breakdown import analyze_gpu_breakdown
 from rankstream.flows.clocks import align_clocks
 from rankstream.flows.collective_analysis import diagnose_run, episode_line
 from rankstream.flows.run_tables import require_run
@@ -27,6 +28,7 @@ ANALYSES = {
     "steps": analyze_steps,
     "communication": analyze_communication,
     "breakdown": analyze_breakdown,
+    "gpu_breakdown": analyze_gpu_breakdown,
 }
 
 

@@ -54,6 +54,11 @@ CHROME_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
 _NUMBERS = frozenset({int, float})
 
 
+#: The rank-metadata key that carries a file's time base (``baseTimeNanoseconds``, 0 when its times
+#: are absolute): ``run_gpu_events`` (schemas/views.sql) reads it to put times on the file's grid.
+TRACE_BASE_KEY = "trace_base_ns"
+
+
 @dataclass
 class TraceFile:
     """What the first pass learned about one file."""

@@ -16,7 +16,7 @@ from typing import Callable
 
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.fr_reader import read_fr_directory
-from rankstream.producers.import_trace import TraceFile, file_parts, scan_files
+from rankstream.producers.import_trace import TRACE_BASE_KEY, TraceFile, file_parts, scan_files
 from rankstream.producers.importing import ImportSummary
 from rankstream.producers.producer import Producer
 from rankstream.schemas.config import Config
@@ -86,7 +86,10 @@ def publish_fr_dumps(config: Config, directory: Path, *, prefix: str = "rank",
 
 
 def _emit_events(info: TraceFile, batches: BatchFile, producers: dict) -> dict[int, int]:
-    """Publish the file's batches, each to the producer of its rank."""
+    """Publish the file's batches, each to the producer of its rank, and the file's time base (the
+    GPU analyses put times on the file's microsecond grid, as HTA reads them)."""
+    for producer in producers.values():
+        producer.emit_rank_metadata(metadata={"imported_from": str(info.path), TRACE_BASE_KEY: info.base_ns})
     counts = dict.fromkeys(producers, 0)
     for rank, part in file_parts(info, batches):
         if rank in producers:

@@ -116,10 +116,43 @@ OP_STATS = Table("op_stats", "Per (run, op name): time per rank and its spread a
     C("spread", "DOUBLE", "(max - min) / mean over ranks"), C("position", "INTEGER", "1 = most total time"),
 ))
 
+GPU_TEMPORAL_BREAKDOWN = Table(
+    "gpu_temporal_breakdown", "Per (run, rank) with GPU events: HTA's temporal breakdown (docs/design.md, GPU analyses).", (
+        _RUN, _RANK,
+        C("kernel_time", "BIGINT", "ns from the first GPU event's start to the last one's end (HTA's name)"),
+        C("idle_time", "BIGINT", "kernel_time minus the union of all GPU events"),
+        C("compute_time", "BIGINT", "the union of COMPUTATION kernels"),
+        C("non_compute_time", "BIGINT", "the union of all GPU events minus compute_time"),
+        C("idle_time_pctg", "DOUBLE", "0-100, of kernel_time"), C("compute_time_pctg", "DOUBLE"),
+        C("non_compute_time_pctg", "DOUBLE"),
+    ))
+
+COMM_COMP_OVERLAP = Table("comm_comp_overlap", "Per (run, rank) with GPU events: communication hidden by compute.", (
+    _RUN, _RANK,
+    C("comp_comm_overlap_pctg", "DOUBLE", "100 x |COMMUNICATION ∩ COMPUTATION| / |COMMUNICATION|; NULL without "
+      "communication"),
+))
+
+GPU_KERNEL_BREAKDOWN = Table("gpu_kernel_breakdown", "Per (run, rank, kernel type, kernel name): its GPU time.", (
+    _RUN, _RANK,
+    C("kernel_type", "VARCHAR", "COMPUTATION, COMMUNICATION or MEMORY (OTHER kernels are left out, as HTA does)"),
+    C("name", "VARCHAR"), C("count", "BIGINT"), C("sum_ns", "BIGINT"), C("mean_ns", "DOUBLE"),
+    C("min_ns", "BIGINT"), C("max_ns", "BIGINT"), C("std_ns", "DOUBLE", "sample standard deviation; 0 for one call"),
+    C("pct", "DOUBLE", "0-100, of the kernel type's time on the rank"),
+))
+
+GPU_KERNEL_TYPE_SHARE = Table("gpu_kernel_type_share", "Per (run, label): GPU time by the kernel types active at "
+                              "once, all ranks pooled (\"COMPUTATION overlapping COMMUNICATION\", ...).", (
+    _RUN,
+    C("kernel_type", "VARCHAR", "the types active, joined by ' overlapping '; labels exclude each other"),
+    C("sum_ns", "BIGINT"), C("pct", "DOUBLE", "0-100, of the time any type is active"),
+))
+
 ANALYSES_DONE = Table("analyses_done", "Which analyses ran for which run (the end-of-run trigger runs each once).", (
     _RUN,
     C("analysis", "VARCHAR", not_null=True), C("finished_ns", "BIGINT", not_null=True), C("detail", "VARCHAR"),
 ))
 
 ANALYSIS_TABLES = (FINDINGS, LIVE_FINDINGS, CLOCK_OFFSETS, STEP_TRACE, RANK_SLOWNESS, COMM_SUMMARY, COMM_MATRIX,
-                   TEMPORAL_BREAKDOWN, OP_STATS, ANALYSES_DONE)
+                   TEMPORAL_BREAKDOWN, OP_STATS, GPU_TEMPORAL_BREAKDOWN, COMM_COMP_OVERLAP, GPU_KERNEL_BREAKDOWN,
+                   GPU_KERNEL_TYPE_SHARE, ANALYSES_DONE)

@@ -159,3 +159,56 @@ JOIN last_seen l USING (run_id, rank)
 LEFT JOIN numbered e ON e.ph = 'E' AND e.run_id = b.run_id AND e.rank = b.rank AND e.tid = b.tid
      AND e.level = b.level AND e.nth = b.nth
 WHERE b.ph = 'B';
+
+-- HTA's kernel type, by name (docs/design.md, GPU analyses): Python's re.match of HTA 0.5.0's
+-- patterns, anchored at the start only.
+CREATE OR REPLACE MACRO kernel_type(name) AS CASE
+    WHEN regexp_matches(name, '^nccl.*Kernel') THEN 'COMMUNICATION'
+    WHEN regexp_matches(name, '^(Memcpy|Memset|dma)') THEN 'MEMORY'
+    WHEN regexp_matches(name, '^(.*Memcpy|Memset|.*Sync)') THEN 'OTHER'
+    ELSE 'COMPUTATION' END;
+
+-- Nanoseconds rounded down / up to whole microseconds, in integers (doubles lose nanoseconds at epoch scale).
+CREATE OR REPLACE MACRO ns_floor_us(ns) AS ns - ((ns % 1000) + 1000) % 1000;
+CREATE OR REPLACE MACRO ns_ceil_us(ns) AS -ns_floor_us(-ns);
+
+-- A run's GPU events as HTA analyses them: events with a stream (args.stream, not -1), on each
+-- rank's own clock. Unless keep_last, the last profiler step is dropped as HTA drops it at load:
+-- when the run has two or more ProfilerStep names, a GPU event is kept only if a CPU event with
+-- its correlation id started before the start of its rank's last ProfilerStep. Times of an
+-- imported file with sub-microsecond times are put on the file's microsecond grid as HTA does
+-- (start rounded up, end down), using the file's time base (trace_base_ns in rank_metadata).
+CREATE OR REPLACE MACRO run_gpu_events(run, keep_last) AS TABLE
+WITH bases AS (
+    SELECT rank, arg_max(TRY_CAST(metadata->>'$.trace_base_ns' AS BIGINT), sent_ns) AS base_ns
+    FROM rank_metadata WHERE run_id = run AND metadata->>'$.trace_base_ns' IS NOT NULL GROUP BY rank
+), gridded AS (  -- HTA rounds only a file whose times are not whole microseconds
+    SELECT t.rank, b.base_ns FROM trace_events t JOIN bases b USING (rank)
+    WHERE t.run_id = run GROUP BY ALL HAVING bool_or((t.ts_ns - b.base_ns) % 1000 <> 0)
+), raw AS (
+    SELECT t.rank, t.name, t.ts_ns, t.dur_ns, t.args, g.base_ns
+    FROM trace_events t LEFT JOIN gridded g USING (rank)
+    WHERE t.run_id = run AND t.ph = 'X' AND t.dur_ns IS NOT NULL
+), events AS (
+    SELECT rank, name,
+           CASE WHEN base_ns IS NULL THEN ts_ns ELSE base_ns + ns_ceil_us(ts_ns - base_ns) END AS ts_ns,
+           CASE WHEN base_ns IS NULL THEN dur_ns
+                ELSE ns_floor_us(ts_ns + dur_ns - base_ns) - ns_ceil_us(ts_ns - base_ns) END AS dur_ns,  -- numbers only: ROCm's runtime calls carry "stream": "0x0"
+           CASE WHEN json_type(args, '$.stream') IN ('UBIGINT', 'BIGINT') THEN (args->>'$.stream')::BIGINT END AS stream,
+           CASE WHEN json_type(args, '$.correlation') IN ('UBIGINT', 'BIGINT')
+                THEN (args->>'$.correlation')::BIGINT END AS correlation
+    FROM raw
+), filtering AS (
+    SELECT count(DISTINCT name) >= 2 AS applies FROM events WHERE name LIKE '%ProfilerStep%'
+), cuts AS (
+    SELECT rank, max(ts_ns) AS last_step_ns FROM events
+    WHERE name LIKE '%ProfilerStep%' AND coalesce(stream, -1) = -1 GROUP BY rank
+), launched AS (
+    SELECT DISTINCT e.rank, e.correlation FROM events e JOIN cuts c USING (rank)
+    WHERE coalesce(e.stream, -1) = -1 AND e.correlation IS NOT NULL AND e.ts_ns < c.last_step_ns
+)
+SELECT g.rank, g.name, kernel_type(g.name) AS kernel_type, g.stream, g.ts_ns AS start_ns,
+       g.ts_ns + g.dur_ns AS end_ns
+FROM events g
+WHERE coalesce(g.stream, -1) <> -1
+  AND (keep_last OR NOT (SELECT applies FROM filtering) OR (g.rank, g.correlation) IN (SELECT rank, correlation FROM launched));

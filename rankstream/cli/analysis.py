@@ -1,4 +1,4 @@
-"""Analyses and their output: ``analyze run``, ``report``, ``timeline``, ``merge``, ``check-trace``."""
+"""Analyses and their output: ``analyze run``, ``analyze trace``, ``report``, ``timeline``, ``merge``, ``check-trace``."""
 
 from __future__ import annotations
 
@@ -124,3 +124,37 @@ def check_trace(files: list[Path] = typer.Argument(..., help="Chrome trace JSON 
             console.print(f"{path}: ok, {summary['events']:,} events, {len(summary['pids'])} processes")
     if failed:
         raise typer.Exit(1)
+
+
+@analyze_app.command("trace", epilog="Example: rankstream analyze trace rank0.json.gz rank1.json.gz --json")
+def analyze_trace_command(
+    files: list[Path] = typer.Argument(..., help="Kineto/torch.profiler traces, one file per rank."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="The rank of a single file without distributedInfo."),
+    keep_last_step: bool = typer.Option(False, "--keep-last-step",
+                                        help="Keep the last profiler step (HTA drops it by default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """GPU temporal breakdown, communication/compute overlap and kernel breakdown of trace files,
+    by Holistic Trace Analysis's rules, with no broker or database."""
+    result = server_module("flows.trace_analysis").analyze_trace_files(files, rank=rank, keep_last_step=keep_last_step)
+    if as_json:
+        sys.stdout.write(json.dumps({"files": result.files, "note": result.note, "categories": result.categories,
+                                     **result.tables}, default=str) + "\n")
+        return
+    if result.note:
+        console.print(result.note, markup=False)
+    console.print("events by category: " + ", ".join(f"{cat} {n:,}" for cat, n in result.categories.items()),
+                  markup=False)
+    for table, rows in result.tables.items():
+        _print_rows(table, rows[:40] if table == "gpu_kernel_breakdown" else rows)
+
+
+def _print_rows(title: str, rows: list[dict]) -> None:
+    from rich.table import Table  # rich comes with typer
+
+    table = Table(title=title)
+    for column in rows[0] if rows else ["(no rows)"]:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+    console.print(table)
