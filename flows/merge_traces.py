@@ -103,7 +103,7 @@ def _insert(con: duckdb.DuckDBPyConnection, info: TraceFile, batches: BatchFile)
         insert_arrow(con, "trace_events", trace_table(chunk))
         ranks |= {rank for _, rank, _ in chunk}
     for rank in sorted(ranks):  # what an import through the bus records about the file (producers.publish)
-        con.execute("INSERT INTO rank_metadata (run_id, rank, session_id, sent_ns, host, pid, started_at_ns, metadata) "
-                    "VALUES (?, ?, ?, 0, '', 0, 0, ?)",
+        con.execute("INSERT INTO rank_metadata (run_id, rank, session_id, sent_ns, metadata) "
+                    "VALUES (?, ?, ?, 0, ?)",
                     [RUN_ID, rank, info.session_id, json.dumps({"imported_from": str(info.path),
                                                                 TRACE_BASE_KEY: info.base_ns})])
