@@ -50,7 +50,7 @@ def accuracy() -> dict:
         for case in scenarios():
             report = diagnose_directory(write_scenario(case, Path(scratch) / case.name), prefix="rank_")
             root = report.diagnosis.root
-            outcome = "problem" if root else "no problem"
+            outcome = "problem" if root else "no_problem"
             verdict, culprit = peer.score(case.expected, outcome, set(root.culprit_ranks) if root else set())
             kind_right = (root.kind if root else None) == case.expected.kind
             ours.append({"name": case.name, "kind": case.expected.kind or "healthy", "fmt": case.fmt,

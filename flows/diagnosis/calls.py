@@ -52,11 +52,10 @@ def collective_calls(entries: Entries) -> Calls:
     first = np.ones(len(part), dtype=bool)
     first[1:] = (group[1:] != group[:-1]) | (seq[1:] != seq[:-1]) | (rank[1:] != rank[:-1])
     starts = np.flatnonzero(first)
-    op, shape, dtype = part.op.copy(), part.shape.copy(), part.dtype.copy()
     if len(starts) < len(part):  # coalesced: several entries per call
         op, shape, dtype = _coalesce(part, starts)
     else:
-        op, shape, dtype = op[starts], shape[starts], dtype[starts]
+        op, shape, dtype = part.op, part.shape, part.dtype
     shapes, dtypes = int(shape.max(initial=0)) + 1, int(dtype.max(initial=0)) + 1
     packed = (op.astype(np.int64) * shapes + shape) * dtypes + dtype
     keys, value = np.unique(packed, return_inverse=True)
@@ -64,6 +63,9 @@ def collective_calls(entries: Entries) -> Calls:
     rest, dtype_of = np.divmod(keys, dtypes)
     op_of, shape_of = np.divmod(rest, shapes)
     parts = np.stack([op_of, shape_of, dtype_of], axis=1)
+    if len(starts) == len(part):  # one entry per call (nothing coalesced): the gathered columns as they are
+        return Calls(group=group, seq=seq, rank=rank, op=op, shape=shape, dtype=dtype, value=value,
+                     state=part.state, created=part.created, record=part.record, parts=parts)
     return Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
                  value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
                  created=part.created[starts],

@@ -203,13 +203,19 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
 
 
 def concatenate(parts: list[Entries], vocabulary: Vocabulary) -> Entries:
-    """Parts that share ``vocabulary`` as one table."""
+    """Parts that share ``vocabulary`` as one table. ``parts`` is emptied: each column's pieces are
+    let go as soon as that column is joined, so the parts and the table are never both whole in
+    memory (at 8192 ranks they are a gigabyte each)."""
     if not parts:
         empty = {name: np.zeros(0, dtype=np.int64) for name in _COLUMNS}
         empty["is_p2p"] = np.zeros(0, dtype=bool)
         return Entries(**empty, vocabulary=vocabulary)
-    return Entries(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in _COLUMNS},
-                   vocabulary=vocabulary)
+    pieces = {name: [getattr(p, name) for p in parts] for name in _COLUMNS}
+    parts.clear()
+    joined = {}
+    for name in _COLUMNS:
+        joined[name] = np.concatenate(pieces.pop(name))
+    return Entries(**joined, vocabulary=vocabulary)
 
 
 def recoded(part: Entries, vocabulary: Vocabulary) -> Entries:

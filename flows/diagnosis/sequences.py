@@ -34,7 +34,7 @@ class GroupSequences:
         self._value = calls.value[lo:hi]
         self._op = calls.op[lo:hi]
         self._state = calls.state[lo:hi]
-        self._rows = np.arange(lo, hi)
+        self._lo = lo  # row of the first call in the run's Calls
 
     # -- whole-group views (numpy) ------------------------------------------------------------
     @cached_property
@@ -85,7 +85,7 @@ class GroupSequences:
     def rows_at(self, seq: int) -> dict[int, int]:
         """rank -> row in the run's ``Calls`` (for its times and record)."""
         at = self._at(seq)
-        return dict(zip(self._rank[at].tolist(), self._rows[at].tolist()))
+        return dict(zip(self._rank[at].tolist(), range(self._lo + at.start, self._lo + at.stop)))
 
     # -- per-rank and consensus sequences (built only for groups that need them) -------------
     def calls_of(self, rank: int) -> dict[int, int]:

@@ -16,6 +16,9 @@ import pytest
 from rankstream.schemas.settings import config_env
 from rankstream.services import materialize
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import kineto_gpu_generator  # noqa: E402
+
 from .conftest import cli, free_port
 
 pytestmark = pytest.mark.integration
@@ -46,6 +49,8 @@ def streamed(tmp_path_factory, broker_port):
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     materialize(config, threading.Event(), once=True, log=lambda line: None)
+    # the GPU example's trace files: real Kineto exports are not on every machine, generated ones are
+    kineto_gpu_generator.generate(root, ranks=2, steps=3, kernels_per_step=40, seed=1, compress=True)
     return config, root
 
 
