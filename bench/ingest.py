@@ -74,7 +74,7 @@ def calling_thread_cost(config, events: int) -> dict[str, float]:
         started = time.perf_counter_ns()
         emit = producer.emit
         for i in range(events):
-            emit(NAMES[i % 6], "cpu_op", "X", i, 1_000, 1, 1, i >> 10)
+            emit(NAMES[i % 6], "cpu_op", "X", ts_ns=i, dur_ns=1_000, pid=1, tid=1, step=i >> 10)
         timings["rankstream"].append((time.perf_counter_ns() - started) / events)
         producer.flush(timeout_s=30)
         started = time.perf_counter_ns()
@@ -102,7 +102,7 @@ def producer_process(rank: int, world: int, rate: float, seconds: float, env: di
     emit = producer.emit
     while time.monotonic() - started < seconds and (limit is None or emitted < limit):
         for i in range(chunk):
-            emit(NAMES[i % 6], "cpu_op", "X", ts + i, 1_000, rank, 1, emitted >> 12)
+            emit(NAMES[i % 6], "cpu_op", "X", ts_ns=ts + i, dur_ns=1_000, pid=rank, tid=1, step=emitted >> 12)
         emitted += chunk
         if limit is not None:  # filling a backlog: keep pace with the sender thread, drop nothing
             while producer.stats().buffered_events > 100_000:

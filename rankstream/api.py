@@ -61,7 +61,7 @@ def init(run_id: str | None = None, rank: int | None = None, world_size: int | N
         if fr_tap and _dist() is None:
             enable_flight_recorder(fr_buffer_size)
         launch = launch_environment()
-        run_id, rank, world_size = resolve_identity(run_id, rank, world_size, launch)
+        run_id, rank, world_size = resolve_identity(run_id, rank, world_size, launch=launch)
         _session = RankSession(
             run_id=run_id, rank=rank, world_size=world_size, config=config or load_config(), launch=launch,
             metadata=dict(metadata) if metadata else None,

@@ -24,7 +24,7 @@ from rankstream.consumers.materializer import MaterializerStatus
 from rankstream.consumers.query_server import server_socket
 from rankstream.consumers.runner import run_materializer
 from rankstream.deploy.broker import BrokerState, start_broker, stop_broker
-from rankstream.flows import breakdown as _registers_its_query_procedure  # noqa: F401
+from rankstream.flows import breakdown, gpu_breakdown  # noqa: F401  (imported for the query procedures they register)
 from rankstream.flows.hang_watch import HangWatch
 from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
