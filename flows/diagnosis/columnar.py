@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, folded_state,
-                                                parse_op)
+                                                p2p_peers, parse_op)
 
 __all__ = ["from_dump_entries_arrow"]
 
@@ -101,14 +101,7 @@ def from_dump_entries_arrow(entries: list, rank: int, members: dict[str, list[in
     profiling_codes = profiling.indices.to_numpy(zero_copy_only=False)
     parsed = [parse_op(name) for name in profiling.dictionary.to_pylist()]
     op_codes = vocabulary.codes("ops", [op for op, _, _ in parsed])
-    p2p_names = np.array([op in ("send", "recv") for op, _, _ in parsed], dtype=bool)
-    is_p2p = p2p_names[profiling_codes] if n else np.zeros(0, dtype=bool)
-    peer = np.full(n, -1, dtype=np.int32)
-    for row in np.flatnonzero(is_p2p).tolist():
-        op, src, dst = parsed[profiling_codes[row]]
-        ranks = members.get(name_text[name_codes[row]]) or []
-        local = dst if op == "send" else src
-        peer[row] = ranks[local] if 0 <= local < len(ranks) else local
+    is_p2p, peer = p2p_peers(parsed, profiling_codes, name_codes, group_text=name_text, members=members)
     uneven = np.array([op in UNEVEN_OPS for op, _, _ in parsed], dtype=bool)[profiling_codes] if n else \
         np.zeros(0, dtype=bool)
     with np.errstate(over="ignore"):

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state"]
+__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state", "p2p_peers"]
 
 #: Entry states in progress order; a missing or unknown state counts as scheduled.
 STATES = ("scheduled", "started", "completed")
@@ -173,13 +173,8 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
     parsed_by_name = {name: parse_op(name) for name in distinct_names}
     parsed = list(map(parsed_by_name.__getitem__, names))
     op_names = [op for op, _, _ in parsed]
-    is_p2p = np.array([op in ("send", "recv") for op in op_names], dtype=bool)
-    peer = np.full(n, -1, dtype=np.int32)
-    for i in np.flatnonzero(is_p2p).tolist():
-        op, src, dst = parsed[i]
-        ranks = members.get(group_keys[i][0]) or []
-        local = dst if op == "send" else src
-        peer[i] = ranks[local] if 0 <= local < len(ranks) else local
+    every_row = np.arange(n)
+    is_p2p, peer = p2p_peers(parsed, every_row, every_row, group_text=[key[0] for key in group_keys], members=members)
     uneven = {name for name, (op, _, _) in parsed_by_name.items() if op in UNEVEN_OPS}
     shape_keys = list(map(repr, zip(in_sizes, out_sizes)))
     if uneven:
@@ -200,6 +195,23 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
         record=_ints(records, "record_id"),
         vocabulary=vocabulary,
     )
+
+
+def p2p_peers(parsed: list[tuple], profiling: np.ndarray, group_of_row: np.ndarray, *, group_text: list[str],
+              members: dict[str, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry: whether it is a send or receive, and its peer's global rank (-1 for collectives).
+    ``parsed[code]`` is ``parse_op`` of profiling name ``code``; the peer in a name is local to
+    the group, so it is mapped through the group's members when the dumps list them."""
+    n = len(profiling)
+    is_p2p = np.array([op in ("send", "recv") for op, _, _ in parsed], dtype=bool)[profiling] if n else \
+        np.zeros(0, dtype=bool)
+    peer = np.full(n, -1, dtype=np.int32)
+    for row in np.flatnonzero(is_p2p).tolist():
+        op, src, dst = parsed[profiling[row]]
+        ranks = members.get(group_text[group_of_row[row]]) or []
+        local = dst if op == "send" else src
+        peer[row] = ranks[local] if 0 <= local < len(ranks) else local
+    return is_p2p, peer
 
 
 def concatenate(parts: list[Entries], vocabulary: Vocabulary) -> Entries:

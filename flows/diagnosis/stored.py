@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rankstream.flows.clocks import rank_offsets
-from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, parse_op
+from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, p2p_peers, parse_op
 
 __all__ = ["StoredRun", "load_stored", "ENTRIES_SQL"]
 
@@ -122,14 +122,7 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
     parsed = [parse_op(name) for name in profiling_text]
     op_codes = vocabulary.codes("ops", [op for op, _, _ in parsed])
     ranks = table["rank"].to_numpy().astype(np.int32)
-    is_p2p = np.array([op in ("send", "recv") for op, _, _ in parsed], dtype=bool)[profiling] if n else \
-        np.zeros(0, dtype=bool)
-    peer = np.full(n, -1, dtype=np.int32)
-    for row in np.flatnonzero(is_p2p).tolist():
-        op, src, dst = parsed[profiling[row]]
-        members = listed.get(name_text[names[row]]) or []
-        local = dst if op == "send" else src
-        peer[row] = members[local] if 0 <= local < len(members) else local
+    is_p2p, peer = p2p_peers(parsed, profiling, names, group_text=name_text, members=listed)
     shapes, shape_index = np.unique(table["shape"].to_numpy(), return_inverse=True)
     dtypes, dtype_index = np.unique(table["dtype"].to_numpy(), return_inverse=True)
     vocabulary.shapes = [UNEVEN if h == 0 else _Key(int(h)) for h in shapes.tolist()]
