@@ -332,13 +332,18 @@ class RefusesSomeBatches(MemoryTransport):
         super().send(topic, key, value, done=done)
 
 
+def _emit_through(config, transport, events: int = 3_000) -> Producer:
+    """A producer on ``transport`` that has been handed ``events`` events (in batches of 100)."""
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
+    for i in range(events):
+        producer.emit("op", ts_ns=i)
+    return producer
+
+
 def test_a_message_the_broker_refuses_for_good_is_dropped_counted_and_not_retried(make_config, bus):
     config = make_config(**{"producer.batch_events": 100})
     transport = RefusesSomeBatches(bus, MessageRefused("MessageSizeTooLargeError: MESSAGE_TOO_LARGE"))
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
-    for i in range(3_000):
-        producer.emit("op", ts_ns=i)
-    stats = producer.close()
+    stats = _emit_through(config, transport).close()
     delivered = trace_events(read_all(bus, config.topic_prefix))
     assert stats.events_dropped > 0 and stats.spool_bytes == 0
     assert delivered + stats.events_dropped == 3_000
@@ -349,9 +354,7 @@ def test_a_message_the_broker_refuses_for_good_is_dropped_counted_and_not_retrie
 def test_a_message_failed_transiently_is_kept_and_delivered(make_config, bus):
     config = make_config(**{"producer.batch_events": 100})
     transport = RefusesSomeBatches(bus, TimeoutError("request timed out"))
-    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=transport)
-    for i in range(3_000):
-        producer.emit("op", ts_ns=i)
+    producer = _emit_through(config, transport)
     deadline = time.monotonic() + 20
     while producer.stats().events_sent < 3_000 and time.monotonic() < deadline:
         time.sleep(0.05)
