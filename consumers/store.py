@@ -19,7 +19,6 @@ from typing import Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rankstream.consumers.prepare import PreparedBatch, conflict_reason, prepare
 from rankstream.consumers.projector import MESSAGE_COLUMN
@@ -225,6 +224,8 @@ _REJECT_SCHEMA = REJECTS.arrow_schema()
 def _without_messages(table: pa.Table, messages: set[int]) -> pa.Table:
     if not messages:
         return table
+    import pyarrow.compute as pc  # here, not at the top: one-shot commands that never drop messages skip its import
+
     drop = pc.is_in(table[MESSAGE_COLUMN], value_set=pa.array(sorted(messages), pa.int32()))
     return table.filter(pc.invert(drop))
 

@@ -2,8 +2,8 @@
 
 ``analyze_breakdown`` fills, for a run:
 
-* ``temporal_breakdown``: per rank, over the rank's traced span, the time spent computing (torch
-  ops and device kernels), communicating (collective ops and spans, FR collectives), both at
+* ``cpu_temporal_breakdown``: per rank, over the rank's traced span, the time its CPU ops spend
+  computing (torch ops, runtime calls; kernels are the GPU breakdown's), communicating (collective ops and spans, FR collectives), both at
   once (overlap), and neither (idle). Times are unions of intervals, so nested ops count once;
   the unions come from one sort of each rank's intervals (how far earlier intervals reach: a new
   interval adds only what sticks out), computed in numpy by ``union_lengths``.
@@ -27,12 +27,16 @@ from rankstream.flows.run_tables import replace_run_rows
 
 __all__ = ["analyze_breakdown", "compare_runs", "union_lengths", "TEMPORAL_SQL", "OP_STATS_SQL", "WORK_CATEGORIES"]
 
-#: Trace categories that are work (as opposed to annotations wrapping work, or markers).
-WORK_CATEGORIES = ("cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "mtia_ccp_events")
+#: Trace categories of work on the host and on a device (as opposed to annotations wrapping work, or markers).
+CPU_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events")
+WORK_CATEGORIES = CPU_CATEGORIES + DEVICE_CATEGORIES
 
+_CPU = ", ".join(f"'{c}'" for c in CPU_CATEGORIES)
+_DEVICE = ", ".join(f"'{c}'" for c in DEVICE_CATEGORIES)
 _WORK = ", ".join(f"'{c}'" for c in WORK_CATEGORIES)
 
-#: A run's work intervals per rank: torch ops and device kernels (compute) and communication
+#: A run's CPU work intervals per rank (device events are the GPU breakdown's): torch ops (compute) and communication
 #: (ops and spans named for it, and the rank's FR collectives). Each rank's intervals are on its
 #: own clock, the FR calls moved back onto it: a union's length does not depend on where the rank's
 #: clock starts, and moving 10M events onto the aligned clock was a third of this query. Names and
@@ -42,7 +46,7 @@ WITH work AS MATERIALIZED (
     SELECT name, cat, is_comm FROM (
         SELECT name, cat, coalesce(event_phase(name) = 'communication', false) AS is_comm
         FROM (SELECT DISTINCT name, cat FROM trace_events WHERE run_id = $run))
-    WHERE cat IN ({_WORK}) OR is_comm
+    WHERE (cat IN ({_CPU}) OR is_comm) AND coalesce(cat, '') NOT IN ({_DEVICE})
 ), spans AS (
     SELECT rank, name, cat, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns
     FROM trace_events WHERE run_id = $run AND ph = 'X' AND dur_ns >= 0
@@ -59,7 +63,7 @@ FROM run_fr_calls($run) c LEFT JOIN rank_offsets($run) o USING (rank) WHERE c.en
 
 #: Reads ``_unions`` (``union_lengths``) in the same script.
 TEMPORAL_SQL = """
-INSERT INTO temporal_breakdown
+INSERT INTO cpu_temporal_breakdown
 WITH spans AS (  -- a rank's span is a difference of its own times, so its clock offset cancels out
     SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) - min(ts_ns) AS span_ns FROM trace_events
     WHERE run_id = $run AND ph <> 'M' GROUP BY rank
@@ -166,8 +170,8 @@ LIMIT $3
 
 
 def analyze_breakdown(db_path: Path, run_id: str) -> None:
-    """(Re)build ``temporal_breakdown`` and ``op_stats`` for a run."""
-    replace_run_rows(db_path, run_id, "breakdown", tables=["temporal_breakdown", "op_stats"],
+    """(Re)build ``cpu_temporal_breakdown`` and ``op_stats`` for a run."""
+    replace_run_rows(db_path, run_id, "breakdown", tables=["cpu_temporal_breakdown", "op_stats"],
                      statements=["procedure:union_lengths", TEMPORAL_SQL, OP_STATS_SQL])
 
 

@@ -13,8 +13,11 @@ stream, the last profiler step dropped as HTA drops it; the rules are in docs/de
 * ``gpu_kernel_type_share``: all ranks pooled, the time during which each combination of kernel
   types runs ("COMPUTATION overlapping COMMUNICATION", ...).
 
+and, through ``flows.gpu_streams``, the per-stream analyses (idle time, queue length, launches,
+memory bandwidth) and the communication each step leaves exposed.
+
 A run without GPU events (gloo, CPU) gets no rows here; its CPU figures are in
-``temporal_breakdown``. Unions count touching intervals as one, as HTA does; they are computed in
+``cpu_temporal_breakdown``. Unions count touching intervals as one, as HTA does; they are computed in
 numpy next to the data (a query-server procedure), like ``breakdown.union_lengths``.
 """
 
@@ -25,26 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from rankstream.consumers.query_server import register_procedure
+from rankstream.flows.gpu_streams import GPU_STREAM_STATEMENTS, GPU_STREAM_TABLES
+from rankstream.flows.intervals import merged_intervals
 from rankstream.flows.run_tables import replace_run_rows
 
-__all__ = ["analyze_gpu_breakdown", "gpu_unions", "merged_intervals", "GPU_TABLES"]
+__all__ = ["analyze_gpu_breakdown", "gpu_unions", "GPU_TABLES"]
 
-GPU_TABLES = ["gpu_temporal_breakdown", "comm_comp_overlap", "gpu_kernel_breakdown", "gpu_kernel_type_share"]
+GPU_TABLES = ["gpu_temporal_breakdown", "comm_comp_overlap", "gpu_kernel_breakdown", "gpu_kernel_type_share",
+              *GPU_STREAM_TABLES]
 
 #: Kernel types in the order HTA names their combinations, with their bits in the sweep.
 TYPES = ("COMPUTATION", "COMMUNICATION", "MEMORY")
-
-
-def merged_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals as disjoint sorted intervals; touching ones are merged."""
-    if not len(starts):
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    first = np.flatnonzero(np.r_[True, starts[1:] > reach[:-1]])
-    last = np.r_[first[1:] - 1, len(starts) - 1]
-    return starts[first], reach[last]
 
 
 def _length(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -87,10 +81,9 @@ def _type_combinations(unions: dict) -> dict[str, int]:
 
 
 def gpu_unions(con, params: dict) -> None:
-    """Create ``_gpu_temporal``, ``_gpu_overlap`` and ``_gpu_type_share`` on ``con`` (see the
-    module docstring); registered below as a query-server procedure."""
-    events = con.sql("SELECT rank, kernel_type, start_ns, end_ns FROM run_gpu_events($run, $keep_last)",
-                     params={"run": params["run"], "keep_last": params.get("keep_last", False)}).fetchnumpy()
+    """Create ``_gpu_temporal``, ``_gpu_overlap`` and ``_gpu_type_share`` on ``con`` from
+    ``_hta_events`` (see the module docstring); registered below as a query-server procedure."""
+    events = con.sql("SELECT rank, kernel_type, start_ns, end_ns FROM _hta_events WHERE is_gpu").fetchnumpy()
     ranks, types = np.asarray(events["rank"]), np.asarray(events["kernel_type"], dtype=object)
     starts, ends = np.asarray(events["start_ns"]), np.asarray(events["end_ns"])
     temporal, overlap, shares = [], [], {}
@@ -114,6 +107,9 @@ def gpu_unions(con, params: dict) -> None:
 
 register_procedure("gpu_unions", gpu_unions)
 
+#: The run's events as HTA loads them, read once by every statement after it (and by ``flows.gpu_streams``).
+HTA_EVENTS_SQL = "CREATE OR REPLACE TEMP TABLE _hta_events AS SELECT * FROM run_hta_events($run, $keep_last)"
+
 GPU_TEMPORAL_SQL = """
 INSERT INTO gpu_temporal_breakdown
 SELECT $run, rank, kernel_time, idle_time, compute_time, non_compute_time,
@@ -135,7 +131,7 @@ WITH per_kernel AS (
     SELECT rank, kernel_type, name, count(*) AS calls, sum(end_ns - start_ns) AS sum_ns,
            avg(end_ns - start_ns) AS mean_ns, min(end_ns - start_ns) AS min_ns, max(end_ns - start_ns) AS max_ns,
            coalesce(stddev_samp(end_ns - start_ns), 0) AS std_ns
-    FROM run_gpu_events($run, $keep_last) WHERE kernel_type <> 'OTHER' GROUP BY ALL
+    FROM _hta_events WHERE is_gpu AND kernel_type <> 'OTHER' GROUP BY ALL
 )
 SELECT $run, rank, kernel_type, name, calls, sum_ns, mean_ns, min_ns, max_ns, std_ns,
        100.0 * sum_ns / nullif(sum(sum_ns) OVER (PARTITION BY rank, kernel_type), 0)
@@ -146,5 +142,5 @@ FROM per_kernel
 def analyze_gpu_breakdown(db_path: Path, run_id: str, *, keep_last_step: bool = False) -> None:
     """(Re)build the GPU tables for a run (no rows when it has no GPU events)."""
     replace_run_rows(db_path, run_id, "gpu_breakdown", tables=GPU_TABLES, keep_last=keep_last_step,
-                     statements=["procedure:gpu_unions", GPU_TEMPORAL_SQL, GPU_OVERLAP_SQL, GPU_TYPE_SHARE_SQL,
-                                 GPU_KERNELS_SQL])
+                     statements=[HTA_EVENTS_SQL, "procedure:gpu_unions", GPU_TEMPORAL_SQL, GPU_OVERLAP_SQL,
+                                 GPU_TYPE_SHARE_SQL, GPU_KERNELS_SQL, *GPU_STREAM_STATEMENTS])

@@ -25,10 +25,10 @@ __all__ = ["ANALYSES", "analyze_everything", "finished_runs_to_analyze", "diagno
 #: name -> function(db_path, run_id); the order is the dependency order.
 ANALYSES = {
     "clocks": align_clocks,
+    "gpu_breakdown": analyze_gpu_breakdown,
     "steps": analyze_steps,
     "communication": analyze_communication,
     "breakdown": analyze_breakdown,
-    "gpu_breakdown": analyze_gpu_breakdown,
 }
 
 

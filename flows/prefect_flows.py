@@ -106,7 +106,7 @@ def communication_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str
 @flow(name="rankstream-breakdown-analysis")
 def breakdown_analysis(db_path: str = "rankstream.duckdb", run_ids: list[str] | None = None,
                        within_minutes: float = 60.0) -> list[str]:
-    """Merge, then temporal_breakdown and op_stats, per run."""
+    """Merge, then cpu_temporal_breakdown and op_stats, per run."""
     return _aligned_then(db_path, run_ids, within_minutes, "breakdown")
 
 

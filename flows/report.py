@@ -2,8 +2,9 @@
 
 Reads the result tables the analyses wrote (``flows.pipeline.analyze_everything`` refreshes them
 first unless asked not to) and prints, in the order someone chasing a slow step reads them:
-clock alignment, step time and its phases, who is slow, communication, the compute /
-communication / idle breakdown, the top ops and their spread across ranks, and the collective
+clock alignment, step time and its phases, who is slow, communication, the CPU compute /
+communication / idle breakdown, on GPU runs HTA's GPU figures (breakdown, idle time per stream,
+launches, memory bandwidth), the top ops and their spread across ranks, and the collective
 findings.
 """
 
@@ -41,8 +42,33 @@ _SECTIONS = {
         SELECT kind, src_rank, dst_rank, ops, bytes, time_ns / 1e6 AS time_ms, bandwidth_gb_s
         FROM comm_matrix WHERE run_id = $1 ORDER BY bytes DESC LIMIT 16""",
     "breakdown": """
-        SELECT rank, span_ns / 1e6 AS span_ms, compute_pct, communication_pct, idle_pct, overlap_pct_of_comm
-        FROM temporal_breakdown WHERE run_id = $1 ORDER BY rank""",
+        SELECT rank, span_ns / 1e6 AS span_ms, cpu_compute_pct, cpu_communication_pct, cpu_idle_pct,
+               cpu_overlap_pct_of_comm
+        FROM cpu_temporal_breakdown WHERE run_id = $1 ORDER BY rank""",
+    "gpu_breakdown": """
+        SELECT t.rank, t.kernel_time / 1e6 AS gpu_span_ms, t.idle_time_pctg AS idle_pct,
+               t.compute_time_pctg AS compute_pct, t.non_compute_time_pctg AS non_compute_pct,
+               o.comp_comm_overlap_pctg AS comm_hidden_pct, s.exposed_comm_ms_per_step
+        FROM gpu_temporal_breakdown t LEFT JOIN comm_comp_overlap o USING (run_id, rank)
+        LEFT JOIN (SELECT run_id, rank, avg(exposed_communication_ns) / 1e6 AS exposed_comm_ms_per_step
+                   FROM gpu_step_communication GROUP BY ALL) s USING (run_id, rank)
+        WHERE t.run_id = $1 ORDER BY t.rank""",
+    "gpu_streams": """
+        SELECT rank, stream,
+               sum(idle_time) FILTER (WHERE idle_category = 'host_wait') / 1e6 AS host_wait_ms,
+               sum(idle_time) FILTER (WHERE idle_category = 'kernel_wait') / 1e6 AS kernel_wait_ms,
+               sum(idle_time) FILTER (WHERE idle_category = 'other') / 1e6 AS other_idle_ms,
+               any_value(q.mean) AS mean_queue, any_value(q.max) AS max_queue
+        FROM gpu_idle_time i LEFT JOIN gpu_queue_length q USING (run_id, rank, stream)
+        WHERE run_id = $1 GROUP BY rank, stream ORDER BY rank, stream""",
+    "gpu_launches": """
+        SELECT rank, launches, long_launch_calls, long_launch_delays, short_kernels,
+               cpu_duration_p50 / 1e3 AS call_p50_us, launch_delay_p50 / 1e3 AS delay_p50_us,
+               launch_delay_p99 / 1e3 AS delay_p99_us, launch_delay_max / 1e3 AS delay_max_us
+        FROM gpu_launch_summary WHERE run_id = $1 ORDER BY rank""",
+    "gpu_memory": """
+        SELECT rank, name, count AS points, mean AS mean_gb_s, p50 AS p50_gb_s, max AS max_gb_s
+        FROM gpu_memory_bandwidth WHERE run_id = $1 ORDER BY rank, name""",
     "top_ops": """
         SELECT position, name, ranks, calls, total_ns / 1e6 AS total_ms, mean_rank_ns / 1e6 AS per_rank_ms,
                max_rank, spread
@@ -58,7 +84,11 @@ _TITLES = {
     "slowest": "Slowest ranks (busy = step time not spent communicating)",
     "communication": "Communication per group and op",
     "matrix": "Communication matrix (top pairs by bytes)",
-    "breakdown": "Temporal breakdown per rank (% of traced span)",
+    "breakdown": "CPU time breakdown per rank (% of traced span)",
+    "gpu_breakdown": "GPU time breakdown per rank (% of the GPU span, HTA's rules)",
+    "gpu_streams": "GPU idle time per stream (host wait: the CPU launched late) and launch queue",
+    "gpu_launches": "Kernel launches per rank (long call > 50 us, long delay > 100 us)",
+    "gpu_memory": "Memory bandwidth per kind (GB/s at change points)",
     "top_ops": "Top ops (all ranks) and their spread across ranks",
     "findings": "Collective findings",
 }
@@ -66,6 +96,8 @@ _TITLES = {
 
 #: The analysis behind a section whose rows may rightly be none (no findings is a result, not a gap).
 _ANALYSIS_OF = {"findings": "collectives"}
+#: Sections that only GPU runs have: left out of a CPU run's report, with one line saying why.
+_GPU_ONLY = ("gpu_breakdown", "gpu_streams", "gpu_launches", "gpu_memory")
 
 
 def gather_report(db_path: Path, run_id: str) -> dict[str, list[dict]]:
@@ -98,8 +130,9 @@ def _table(title: str, rows: list[dict]) -> Table:
 def render_run_report(run_id: str, report: dict[str, list[dict]], console: Console) -> None:
     console.print(f"[bold]run {run_id}[/]")
     analyzed = {row["analysis"]: row["detail"] for row in report.get("analyses", [])}
+    has_gpu = any(report.get(name) for name in _GPU_ONLY)
     for name, rows in report.items():
-        if name not in _TITLES:
+        if name not in _TITLES or (name in _GPU_ONLY and not has_gpu):
             continue
         if rows:
             console.print(_table(_TITLES[name], rows))
@@ -108,6 +141,8 @@ def render_run_report(run_id: str, report: dict[str, list[dict]], console: Conso
             console.print(f"{_TITLES[name]}: none" + (f" (verdict: {verdict})" if verdict else ""))
         else:
             console.print(f"{_TITLES[name]}: [dim]no data[/]")
+    if not has_gpu:
+        console.print("GPU analyses: no GPU events in this run (the breakdown above is of CPU ops)")
     slowest = report.get("slowest") or []
     if len(slowest) > 1:
         top = slowest[0]

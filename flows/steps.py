@@ -12,6 +12,9 @@
   by *busy* time, step duration minus communication: the rank that others wait for is the one
   with the most busy time.
 
+On GPU runs ``step_trace`` also carries each step's NCCL kernel time and the part of it no compute
+kernel hides, from ``gpu_step_communication`` (``flows.gpu_streams``, run before this analysis).
+
 Everything is set-based SQL over the aligned clock (``run_intervals``, ``run_steps``): one sort
 of the phase intervals does the unions, whatever the number of events.
 """
@@ -78,8 +81,10 @@ SELECT $run, rank, step, start_ns, end_ns, duration_ns, data_ns, forward_ns, bac
        communication_ns, duration_ns - any_ns AS other_ns, duration_ns - communication_ns AS busy_ns,
        forward_start - start_ns AS iteration_interval_ns, backward_end - forward_start AS fp_bp_ns,
        end_ns - backward_end AS tail_ns,
-       row_number() OVER (PARTITION BY step ORDER BY duration_ns - communication_ns DESC, rank) AS slowest_order
-FROM per_step
+       row_number() OVER (PARTITION BY step ORDER BY duration_ns - communication_ns DESC, rank) AS slowest_order,
+       g.gpu_communication_ns, g.exposed_communication_ns
+FROM per_step LEFT JOIN (SELECT rank, step, communication_ns AS gpu_communication_ns, exposed_communication_ns
+                         FROM gpu_step_communication WHERE run_id = $run) g USING (rank, step)
 """
 
 RANK_SLOWNESS_SQL = """

@@ -19,13 +19,17 @@ from rankstream.schemas.errors import BadInput
 __all__ = ["TraceAnalysis", "analyze_trace_files"]
 
 #: How each table's rows are listed: the biggest first where there are many.
-_ORDER = {"gpu_kernel_breakdown": "rank, kernel_type, sum_ns DESC, name", "gpu_kernel_type_share": "sum_ns DESC"}
+_ORDER = {"gpu_kernel_breakdown": "rank, kernel_type, sum_ns DESC, name", "gpu_kernel_type_share": "sum_ns DESC",
+          "gpu_idle_time": "rank, stream, idle_category", "gpu_queue_length": "rank, stream",
+          "gpu_memory_bandwidth": "rank, name", "gpu_step_communication": "rank, step"}
+#: One row per launch is for SQL over a stored run; the one-shot view shows gpu_launch_summary.
+_PER_EVENT = {"gpu_kernel_launches"}
 
 
 @dataclass
 class TraceAnalysis:
     files: list[str]
-    #: table name -> rows (the GPU tables, or ``temporal_breakdown`` for a trace without GPU events)
+    #: table name -> rows (the GPU tables, or ``cpu_temporal_breakdown`` for a trace without GPU events)
     tables: dict[str, list[dict]] = field(default_factory=dict)
     #: events by category, unknown categories included (nothing is left out silently)
     categories: dict[str, int] = field(default_factory=dict)
@@ -51,11 +55,11 @@ def _analyze(paths: list[Path], rank: int | None, keep_last_step: bool) -> Trace
         result.categories = dict(database.fetchall(
             "SELECT coalesce(nullif(cat, ''), '(none)'), count(*) FROM trace_events GROUP BY ALL ORDER BY 2 DESC"))
         analyze_gpu_breakdown(database, RUN_ID, keep_last_step=keep_last_step)
-        tables = GPU_TABLES
+        tables = [table for table in GPU_TABLES if table not in _PER_EVENT]
         if not database.fetchall("SELECT count(*) FROM gpu_temporal_breakdown")[0][0]:
             result.note = "no GPU events (no event has a stream): CPU figures only"
             analyze_breakdown(database, RUN_ID)
-            tables = ["temporal_breakdown"]
+            tables = ["cpu_temporal_breakdown"]
         for table in tables:
             order = _ORDER.get(table, "ALL")
             result.tables[table] = database.arrow(f"SELECT * EXCLUDE (run_id) FROM {table} ORDER BY {order}").to_pylist()

@@ -70,6 +70,8 @@ STEP_TRACE = Table("step_trace", "One row per (run, rank, step), like MindSpore'
     C("fp_bp_ns", "BIGINT", "first forward start to last backward end"),
     C("tail_ns", "BIGINT", "last backward end to step end"),
     C("slowest_order", "INTEGER", "1 = the rank with the most busy time in this step"),
+    C("gpu_communication_ns", "BIGINT", "GPU runs: the union of the NCCL kernels launched in the step"),
+    C("gpu_exposed_communication_ns", "BIGINT", "GPU runs: the part of it no compute kernel hides"),
 ))
 
 RANK_SLOWNESS = Table("rank_slowness", "Per (run, rank): how often and by how much the rank is the slowest.", (
@@ -99,13 +101,15 @@ COMM_MATRIX = Table("comm_matrix", "rank x rank traffic, like MindSpore's commun
     C("ops", "BIGINT"), C("bytes", "DOUBLE"), C("time_ns", "DOUBLE"), C("bandwidth_gb_s", "DOUBLE"),
 ))
 
-TEMPORAL_BREAKDOWN = Table("temporal_breakdown", "Per (run, rank) of CPU-only runs: compute, communication, both at "
-                           "once, and idle, over the rank's traced span.", (
+CPU_TEMPORAL_BREAKDOWN = Table("cpu_temporal_breakdown", "Per (run, rank) of runs without GPU events: CPU ops' compute, "
+                               "communication, both at once, and idle, over the rank's traced span.", (
     _RUN, _RANK,
-    C("span_ns", "BIGINT"), C("compute_ns", "BIGINT"), C("communication_ns", "BIGINT"),
-    C("overlap_ns", "BIGINT", "computing while communicating"), C("idle_ns", "BIGINT"),
-    C("compute_pct", "DOUBLE"), C("communication_pct", "DOUBLE"), C("idle_pct", "DOUBLE"),
-    C("overlap_pct_of_comm", "DOUBLE"),
+    C("span_ns", "BIGINT", "the rank's first traced event to its last"),
+    C("cpu_compute_ns", "BIGINT", "the union of CPU ops that are not communication"),
+    C("cpu_communication_ns", "BIGINT", "the union of communication ops (gloo collectives, waits)"),
+    C("cpu_overlap_ns", "BIGINT", "computing while communicating"), C("cpu_idle_ns", "BIGINT", "in no op"),
+    C("cpu_compute_pct", "DOUBLE"), C("cpu_communication_pct", "DOUBLE"), C("cpu_idle_pct", "DOUBLE"),
+    C("cpu_overlap_pct_of_comm", "DOUBLE"),
 ))
 
 OP_STATS = Table("op_stats", "Per (run, op name): time per rank and its spread across ranks.", (
@@ -148,11 +152,59 @@ GPU_KERNEL_TYPE_SHARE = Table("gpu_kernel_type_share", "Per (run, label): GPU ti
     C("sum_ns", "BIGINT"), C("pct", "DOUBLE", "0-100, of the time any type is active"),
 ))
 
+GPU_STEP_COMMUNICATION = Table(
+    "gpu_step_communication", "Per (run, rank, step) with NCCL kernels: communication time on the GPU and the part "
+    "of it no compute kernel hides (kernels belong to the step whose span holds their launch call).", (
+        _RUN, _RANK, C("step", "BIGINT", not_null=True),
+        C("communication_ns", "BIGINT", "the union of the step's COMMUNICATION kernels"),
+        C("exposed_communication_ns", "BIGINT", "communication_ns minus its overlap with any COMPUTATION kernel"),
+        C("exposed_pct", "DOUBLE", "0-100, of communication_ns"),
+    ))
+
+GPU_IDLE_TIME = Table("gpu_idle_time", "Per (run, rank, stream, category): HTA's idle-time breakdown of the gaps "
+                      "between consecutive kernel, memcpy and memset events of a stream.", (
+    _RUN, _RANK, C("stream", "BIGINT", not_null=True),
+    C("idle_category", "VARCHAR", "host_wait (the launch call started after the previous event ended), kernel_wait "
+      "(otherwise, gap under 30 us), other", not_null=True),
+    C("idle_time", "BIGINT", "ns, summed gaps (negative gaps of overlapping events count, as in HTA)"),
+    C("idle_time_ratio", "DOUBLE", "0-1, of the stream's idle time"), C("gaps", "BIGINT"),
+))
+
+_SUMMARY = (C("count", "BIGINT", "points of the series"), C("mean", "DOUBLE"), C("std", "DOUBLE", "sample"),
+            C("min", "DOUBLE"), C("p25", "DOUBLE"), C("p50", "DOUBLE"), C("p75", "DOUBLE"), C("max", "DOUBLE"))
+
+GPU_QUEUE_LENGTH = Table("gpu_queue_length", "Per (run, rank, stream): HTA's queue length summary, the launches "
+                         "waiting on the stream (+1 at the launch call, -1 when its GPU event starts), over the "
+                         "series' change points.", (_RUN, _RANK, C("stream", "BIGINT", not_null=True), *_SUMMARY))
+
+GPU_KERNEL_LAUNCHES = Table("gpu_kernel_launches", "One row per (launch call, GPU event) pair: HTA's kernel launch "
+                            "stats, with its plot cutoffs as flags.", (
+    _RUN, _RANK, C("correlation", "BIGINT"), C("launch_call", "VARCHAR", "cudaLaunchKernel, cudaMemcpyAsync, ..."),
+    C("name", "VARCHAR", "the GPU event"), C("stream", "BIGINT"),
+    C("cpu_duration", "BIGINT", "ns, the launch call"), C("gpu_duration", "BIGINT", "ns, the GPU event"),
+    C("launch_delay", "BIGINT", "ns, GPU start - launch call end, at least 0"),
+    C("long_launch_call", "BOOLEAN", "cpu_duration > 50 us"), C("long_launch_delay", "BOOLEAN", "launch_delay > 100 us"),
+    C("short_kernel", "BOOLEAN", "cpu_duration <= 50 us and the GPU event is shorter than its launch call"),
+))
+
+GPU_LAUNCH_SUMMARY = Table("gpu_launch_summary", "Per (run, rank): gpu_kernel_launches summed up.", (
+    _RUN, _RANK, C("launches", "BIGINT"), C("long_launch_calls", "BIGINT"), C("long_launch_delays", "BIGINT"),
+    C("short_kernels", "BIGINT"), C("cpu_duration_p50", "DOUBLE", "ns"), C("cpu_duration_max", "BIGINT"),
+    C("launch_delay_p50", "DOUBLE", "ns"), C("launch_delay_p99", "DOUBLE"), C("launch_delay_max", "BIGINT"),
+))
+
+GPU_MEMORY_BANDWIDTH = Table("gpu_memory_bandwidth", "Per (run, rank, memory kind): HTA's memory bandwidth summary "
+                             "in GB/s, from the trace's own \"memory bandwidth (GB/s)\" argument: the bandwidth of "
+                             "the events running at once, at each change point where it is above zero.", (
+    _RUN, _RANK, C("name", "VARCHAR", "Memcpy HtoD, Memcpy DtoH, Memcpy DtoD, Memset, ...", not_null=True),
+    *_SUMMARY))
+
 ANALYSES_DONE = Table("analyses_done", "Which analyses ran for which run (the end-of-run trigger runs each once).", (
     _RUN,
     C("analysis", "VARCHAR", not_null=True), C("finished_ns", "BIGINT", not_null=True), C("detail", "VARCHAR"),
 ))
 
 ANALYSIS_TABLES = (FINDINGS, LIVE_FINDINGS, CLOCK_OFFSETS, STEP_TRACE, RANK_SLOWNESS, COMM_SUMMARY, COMM_MATRIX,
-                   TEMPORAL_BREAKDOWN, OP_STATS, GPU_TEMPORAL_BREAKDOWN, COMM_COMP_OVERLAP, GPU_KERNEL_BREAKDOWN,
-                   GPU_KERNEL_TYPE_SHARE, ANALYSES_DONE)
+                   CPU_TEMPORAL_BREAKDOWN, OP_STATS, GPU_TEMPORAL_BREAKDOWN, COMM_COMP_OVERLAP, GPU_KERNEL_BREAKDOWN,
+                   GPU_KERNEL_TYPE_SHARE, GPU_STEP_COMMUNICATION, GPU_IDLE_TIME, GPU_QUEUE_LENGTH, GPU_KERNEL_LAUNCHES,
+                   GPU_LAUNCH_SUMMARY, GPU_MEMORY_BANDWIDTH, ANALYSES_DONE)

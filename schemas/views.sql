@@ -172,13 +172,15 @@ CREATE OR REPLACE MACRO kernel_type(name) AS CASE
 CREATE OR REPLACE MACRO ns_floor_us(ns) AS ns - ((ns % 1000) + 1000) % 1000;
 CREATE OR REPLACE MACRO ns_ceil_us(ns) AS -ns_floor_us(-ns);
 
--- A run's GPU events as HTA analyses them: events with a stream (args.stream, not -1), on each
--- rank's own clock. Unless keep_last, the last profiler step is dropped as HTA drops it at load:
--- when the run has two or more ProfilerStep names, a GPU event is kept only if a CPU event with
--- its correlation id started before the start of its rank's last ProfilerStep. Times of an
--- imported file with sub-microsecond times are put on the file's microsecond grid as HTA does
--- (start rounded up, end down), using the file's time base (trace_base_ns in rank_metadata).
-CREATE OR REPLACE MACRO run_gpu_events(run, keep_last) AS TABLE
+-- A run's complete events as Holistic Trace Analysis loads them (docs/design.md, GPU analyses), on
+-- each rank's own clock: GPU events are those with a stream (args.stream, a number other than -1),
+-- every other event is a CPU event. Unless keep_last, the last profiler step is dropped as HTA
+-- drops it at load: when the run has two or more ProfilerStep names, a CPU event is kept only if it
+-- started before the start of its rank's last ProfilerStep, and a GPU event only if a kept CPU
+-- event has its correlation id. Times of an imported file with sub-microsecond times are put on
+-- the file's microsecond grid as HTA does (start rounded up, end down), using the file's time base
+-- (trace_base_ns in rank_metadata).
+CREATE OR REPLACE MACRO run_hta_events(run, keep_last) AS TABLE
 WITH bases AS (
     SELECT rank, arg_max(TRY_CAST(metadata->>'$.trace_base_ns' AS BIGINT), sent_ns) AS base_ns
     FROM rank_metadata WHERE run_id = run AND metadata->>'$.trace_base_ns' IS NOT NULL GROUP BY rank
@@ -186,29 +188,43 @@ WITH bases AS (
     SELECT t.rank, b.base_ns FROM trace_events t JOIN bases b USING (rank)
     WHERE t.run_id = run GROUP BY ALL HAVING bool_or((t.ts_ns - b.base_ns) % 1000 <> 0)
 ), raw AS (
-    SELECT t.rank, t.name, t.ts_ns, t.dur_ns, t.args, g.base_ns
+    SELECT t.rank, t.name, t.cat, t.ts_ns, t.dur_ns, t.args, g.base_ns
     FROM trace_events t LEFT JOIN gridded g USING (rank)
     WHERE t.run_id = run AND t.ph = 'X' AND t.dur_ns IS NOT NULL
 ), events AS (
-    SELECT rank, name,
+    SELECT rank, name, cat,
            CASE WHEN base_ns IS NULL THEN ts_ns ELSE base_ns + ns_ceil_us(ts_ns - base_ns) END AS ts_ns,
            CASE WHEN base_ns IS NULL THEN dur_ns
-                ELSE ns_floor_us(ts_ns + dur_ns - base_ns) - ns_ceil_us(ts_ns - base_ns) END AS dur_ns,  -- numbers only: ROCm's runtime calls carry "stream": "0x0"
-           CASE WHEN json_type(args, '$.stream') IN ('UBIGINT', 'BIGINT') THEN (args->>'$.stream')::BIGINT END AS stream,
+                ELSE ns_floor_us(ts_ns + dur_ns - base_ns) - ns_ceil_us(ts_ns - base_ns) END AS dur_ns,
+           -- numbers only: ROCm's runtime calls carry "stream": "0x0"
+           coalesce(CASE WHEN json_type(args, '$.stream') IN ('UBIGINT', 'BIGINT')
+                         THEN (args->>'$.stream')::BIGINT END, -1) AS stream,
            CASE WHEN json_type(args, '$.correlation') IN ('UBIGINT', 'BIGINT')
-                THEN (args->>'$.correlation')::BIGINT END AS correlation
+                THEN (args->>'$.correlation')::BIGINT END AS correlation,
+           args
     FROM raw
 ), filtering AS (
     SELECT count(DISTINCT name) >= 2 AS applies FROM events WHERE name LIKE '%ProfilerStep%'
 ), cuts AS (
     SELECT rank, max(ts_ns) AS last_step_ns FROM events
-    WHERE name LIKE '%ProfilerStep%' AND coalesce(stream, -1) = -1 GROUP BY rank
+    WHERE name LIKE '%ProfilerStep%' AND stream = -1 GROUP BY rank
+), kept_cpu AS (
+    SELECT e.* FROM events e LEFT JOIN cuts c USING (rank)
+    WHERE e.stream = -1 AND (keep_last OR NOT (SELECT applies FROM filtering) OR e.ts_ns < c.last_step_ns)
 ), launched AS (
-    SELECT DISTINCT e.rank, e.correlation FROM events e JOIN cuts c USING (rank)
-    WHERE coalesce(e.stream, -1) = -1 AND e.correlation IS NOT NULL AND e.ts_ns < c.last_step_ns
+    SELECT DISTINCT rank, correlation FROM kept_cpu WHERE correlation IS NOT NULL
 )
-SELECT g.rank, g.name, kernel_type(g.name) AS kernel_type, g.stream, g.ts_ns AS start_ns,
-       g.ts_ns + g.dur_ns AS end_ns
+SELECT rank, name, cat, false AS is_gpu, NULL::VARCHAR AS kernel_type, stream, correlation, ts_ns AS start_ns,
+       ts_ns + dur_ns AS end_ns, NULL::DOUBLE AS bandwidth_gb_s
+FROM kept_cpu
+UNION ALL
+SELECT g.rank, g.name, g.cat, true, kernel_type(g.name), g.stream, g.correlation, g.ts_ns, g.ts_ns + g.dur_ns,
+       CASE WHEN kernel_type(g.name) = 'MEMORY' THEN TRY_CAST(g.args->>'$."memory bandwidth (GB/s)"' AS DOUBLE) END
 FROM events g
-WHERE coalesce(g.stream, -1) <> -1
-  AND (keep_last OR NOT (SELECT applies FROM filtering) OR (g.rank, g.correlation) IN (SELECT rank, correlation FROM launched));
+WHERE g.stream <> -1
+  AND (keep_last OR NOT (SELECT applies FROM filtering) OR (g.rank, g.correlation) IN (SELECT * FROM launched));
+
+-- The GPU events of run_hta_events: what the GPU breakdown analyses.
+CREATE OR REPLACE MACRO run_gpu_events(run, keep_last) AS TABLE
+SELECT rank, name, cat, kernel_type, stream, correlation, start_ns, end_ns, bandwidth_gb_s
+FROM run_hta_events(run, keep_last) WHERE is_gpu;

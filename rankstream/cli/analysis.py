@@ -134,8 +134,9 @@ def analyze_trace_command(
                                         help="Keep the last profiler step (HTA drops it by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """GPU temporal breakdown, communication/compute overlap and kernel breakdown of trace files,
-    by Holistic Trace Analysis's rules, with no broker or database."""
+    """GPU temporal breakdown, communication/compute overlap, kernel breakdown, idle time per stream,
+    queue length, kernel launches, memory bandwidth and exposed communication per step of trace
+    files, by Holistic Trace Analysis's rules, with no broker or database."""
     result = server_module("flows.trace_analysis").analyze_trace_files(files, rank=rank, keep_last_step=keep_last_step)
     if as_json:
         sys.stdout.write(json.dumps({"files": result.files, "note": result.note, "categories": result.categories,
@@ -146,12 +147,19 @@ def analyze_trace_command(
     console.print("events by category: " + ", ".join(f"{cat} {n:,}" for cat, n in result.categories.items()),
                   markup=False)
     for table, rows in result.tables.items():
-        _print_rows(table, rows[:40] if table == "gpu_kernel_breakdown" else rows)
+        _print_rows(table, rows)
+
+
+#: Past this many rows a table is cut in the text view (``--json`` has them all).
+_SHOWN_ROWS = 40
 
 
 def _print_rows(title: str, rows: list[dict]) -> None:
     from rich.table import Table  # rich comes with typer
 
+    if len(rows) > _SHOWN_ROWS:
+        title = f"{title} (first {_SHOWN_ROWS} of {len(rows):,} rows; --json for all)"
+        rows = rows[:_SHOWN_ROWS]
     table = Table(title=title)
     for column in rows[0] if rows else ["(no rows)"]:
         table.add_column(column, overflow="fold")

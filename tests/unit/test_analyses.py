@@ -138,10 +138,10 @@ def test_temporal_breakdown_counts_nested_ops_once_and_overlap_where_they_meet(d
     align_clocks(db, built.run_id)
     analyze_breakdown(db, built.run_id)
     lengths = dict(PHASES)
-    for row in rows(db, "SELECT * FROM temporal_breakdown WHERE run_id = ?", [built.run_id]):
+    for row in rows(db, "SELECT * FROM cpu_temporal_breakdown WHERE run_id = ?", [built.run_id]):
         compute = built.steps * ((lengths["forward"] - 2) + (lengths["backward"] - 2)) * MS  # the aten::mm ops
-        assert abs(row["compute_ns"] - compute) <= 1000
-        assert row["compute_ns"] + row["communication_ns"] - row["overlap_ns"] + row["idle_ns"] == row["span_ns"]
+        assert abs(row["cpu_compute_ns"] - compute) <= 1000
+        assert row["cpu_compute_ns"] + row["cpu_communication_ns"] - row["cpu_overlap_ns"] + row["cpu_idle_ns"] == row["span_ns"]
     ops = rows(db, "SELECT name, ranks, calls, position FROM op_stats WHERE run_id = ? ORDER BY position", [built.run_id])
     assert ops[0]["name"] == "aten::mm" and ops[0]["ranks"] == 2 and ops[0]["calls"] == 2 * 2 * built.steps
 
@@ -149,17 +149,17 @@ def test_temporal_breakdown_counts_nested_ops_once_and_overlap_where_they_meet(d
 def test_temporal_breakdown_does_not_depend_on_the_ranks_clocks(tmp_path):
     """The unions are taken on each rank's own clock, its Flight Recorder calls moved back onto it:
     a skewed run breaks down as the same run with true clocks does."""
-    columns = "rank, span_ns, compute_ns, communication_ns, overlap_ns, idle_ns"
+    columns = "rank, span_ns, cpu_compute_ns, cpu_communication_ns, cpu_overlap_ns, cpu_idle_ns"
     breakdowns = []
     for name, skew in (("true", None), ("skewed", {0: 0, 1: 7 * MS, 2: -3 * MS})):
         db = tmp_path / f"{name}.duckdb"
         built = build_run(db, world_size=3, steps=3, slow_rank=1, skew_ns=skew)
         align_clocks(db, built.run_id)
         analyze_breakdown(db, built.run_id)
-        breakdowns.append(rows(db, f"SELECT {columns} FROM temporal_breakdown WHERE run_id = ? ORDER BY rank",
+        breakdowns.append(rows(db, f"SELECT {columns} FROM cpu_temporal_breakdown WHERE run_id = ? ORDER BY rank",
                                [built.run_id]))
     assert [row["rank"] for row in breakdowns[0]] == [0, 1, 2]
-    assert all(row["communication_ns"] > 0 for row in breakdowns[0])
+    assert all(row["cpu_communication_ns"] > 0 for row in breakdowns[0])
     for true, skewed in zip(*breakdowns):
         assert all(abs(true[key] - skewed[key]) <= 50_000 for key in true), (true, skewed)
 
@@ -258,7 +258,7 @@ def test_only_the_analyses_named_run_in_dependency_order_and_the_file_is_free_af
     done = {r["analysis"] for r in rows(db, "SELECT analysis FROM analyses_done WHERE run_id = ?", [built.run_id])}
     assert done == {"clocks", "steps"}
     assert rows(db, "SELECT count(*) AS n FROM step_trace")[0]["n"] == 2 * 2
-    assert rows(db, "SELECT count(*) AS n FROM temporal_breakdown")[0]["n"] == 0
+    assert rows(db, "SELECT count(*) AS n FROM cpu_temporal_breakdown")[0]["n"] == 0
     # the analyses' shared connection is closed: another process can open the file for writing
     opened = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()", str(db)])
     assert opened.returncode == 0

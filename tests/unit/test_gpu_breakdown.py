@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankstream.flows.gpu_breakdown import merged_intervals
+from rankstream.flows.intervals import merged_intervals
 from rankstream.flows.merge_traces import RUN_ID, scratch_run
 from rankstream.flows.trace_analysis import analyze_trace_files
 
