@@ -38,6 +38,32 @@ for path in sorted(Path(sys.argv[1]).iterdir()):
     Refuse(io.BytesIO(path.read_bytes())).load()
 """
 
+#: rankstream's own floor: the same files unpickled *and* converted to the diagnosis's columns, one
+#: at a time in one process, each part timed; spread over every core it is the least the design can
+#: take, before start-up and the diagnosis itself.
+CONVERT_FLOOR = """
+import gc, json, os, sys, time
+from pathlib import Path
+import pyarrow as pa
+from rankstream.flows.diagnosis.columnar import from_dump_entries_arrow
+from rankstream.flows.diagnosis.entries import Vocabulary
+from rankstream.producers.fr_reader import groups_from_pg_config, parse_dump
+pa.set_cpu_count(1)
+gc.disable()  # as the reader does while it holds a dump's objects (paused_gc)
+vocabulary, unpickle, convert = Vocabulary(), 0.0, 0.0
+for path in sorted(Path(sys.argv[1]).iterdir()):
+    raw = path.read_bytes()
+    started = time.perf_counter()
+    dump = parse_dump(raw, str(path))
+    parsed = time.perf_counter()
+    members = {g["pg_name"]: sorted(g["ranks"]) for g in groups_from_pg_config(dump.get("pg_config")) if g["ranks"]}
+    from_dump_entries_arrow(dump["entries"], 0, members, vocabulary=vocabulary)
+    convert += time.perf_counter() - parsed
+    unpickle += parsed - started
+print(json.dumps({"unpickle_s": unpickle, "convert_s": convert, "cores": os.cpu_count()}))
+"""
+STARTUP = "import rankstream.cli, rankstream.flows.diagnosis.report"
+
 
 def accuracy() -> dict:
     import fr_trace_accuracy as peer
@@ -70,12 +96,20 @@ def accuracy() -> dict:
 def speed(ranks: int, entries: int, rounds: int, official: bool) -> dict:
     from rankstream.demo.fr_dump_generator import write_dumps
 
-    out: dict[str, list] = {"floor": [], "rankstream": [], "rankstream_mb": [], "fr_trace": [], "fr_trace_mb": []}
+    out: dict[str, list] = {"floor": [], "rankstream": [], "rankstream_mb": [], "fr_trace": [], "fr_trace_mb": [],
+                            "unpickle": [], "convert": [], "startup": []}
     with tempfile.TemporaryDirectory() as scratch:
         directory = write_dumps(Path(scratch) / "dumps", ranks, entries, fault="wrong_op", fault_rank=5)
         for _ in range(rounds):
             _, seconds, _, code = run_measured([PYTHON, "-c", FLOOR, str(directory)], timeout_s=3600)
             out["floor"].append(seconds)
+            if official:
+                text, _, _, _ = run_measured([PYTHON, "-c", CONVERT_FLOOR, str(directory)], timeout_s=3600)
+                parts = json.loads(text.strip().splitlines()[-1])
+                out["unpickle"].append(parts["unpickle_s"])
+                out["convert"].append(parts["convert_s"])
+                out["cores"] = [parts["cores"]]
+                out["startup"].append(run_measured([PYTHON, "-c", STARTUP], timeout_s=600)[1])
             text, seconds, peak, code = run_measured(
                 [PYTHON, "-m", "rankstream", "diagnose", str(directory), "-p", "rank_", "--json"], timeout_s=3600)
             assert code == 1 and '"culprit_ranks": [5]' in text, text[-500:]
@@ -145,6 +179,10 @@ def main(argv=None) -> int:
               f"({s['rankstream'] / s['floor']:.2f}x the floor; target 1.25x), {s['rankstream_mb']:.0f} MB; "
               f"fr_trace {s['fr_trace']:.1f} s ({s['fr_trace'] / s['rankstream']:.1f}x slower), "
               f"{s['fr_trace_mb']:.0f} MB")
+        own = (s["unpickle"] + s["convert"]) / s["cores"] + s["startup"]
+        print(f"  rankstream's own floor: (unpickle {s['unpickle']:.2f} s + conversion to columns {s['convert']:.2f} s) "
+              f"/ {s['cores']:.0f} cores + start-up {s['startup']:.2f} s = {own:.2f} s = {own / s['floor']:.2f}x the "
+              f"reading floor, before the diagnosis itself")
     if "8192" not in skip:
         results["8192x2000"] = s = speed(8192, 2000, 1, official=False)
         print(f"8192 x 2000: floor {s['floor']:.1f} s, rankstream {s['rankstream']:.1f} s "

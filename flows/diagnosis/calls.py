@@ -45,9 +45,14 @@ class Calls:
 
 
 def collective_calls(entries: Entries) -> Calls:
-    kept = np.flatnonzero(~entries.is_p2p & (entries.seq > 0))
-    order = np.lexsort((entries.record[kept], entries.rank[kept], entries.seq[kept], entries.group[kept]))
-    part = entries.take(kept[order])  # one gather of every column
+    """The calls of ``entries``. Sorts ``entries`` in place, the collective entries first by (group,
+    seq, rank, record): the calls are then views of their first rows, not a copy of every column
+    (at 8192 ranks x 2000 entries a copy is a gigabyte). No step of the diagnosis depends on the
+    order of the entries."""
+    not_call = entries.is_p2p | (entries.seq <= 0)
+    entries.reorder(np.lexsort((entries.record, entries.rank, entries.seq, entries.group, not_call)))
+    part = entries.head(len(not_call) - int(np.count_nonzero(not_call)))
+    del not_call
     group, seq, rank = part.group, part.seq, part.rank
     first = np.ones(len(part), dtype=bool)
     first[1:] = (group[1:] != group[:-1]) | (seq[1:] != seq[:-1]) | (rank[1:] != rank[:-1])

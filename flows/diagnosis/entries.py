@@ -26,6 +26,9 @@ _STATE_CODE = {name: code for code, name in enumerate(STATES)}
 UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter"})
 UNEVEN = "(sizes differ by design)"
 
+#: Columns kept as 32-bit integers when every value is within +-2**30 (sequence numbers and record
+#: ids are; times are not): the headroom keeps arithmetic on them from overflowing.
+_NARROW, _NARROW_LIMIT = ("seq", "p2p_seq", "record"), 2**30
 _COLUMNS = ("rank", "group", "seq", "p2p_seq", "is_p2p", "op", "peer", "shape", "dtype", "state", "created",
             "record")
 
@@ -109,11 +112,26 @@ class Entries:
     record: np.ndarray
     vocabulary: Vocabulary
 
+    def __post_init__(self) -> None:
+        for name in _NARROW:  # a dump's numbers are small: half the bytes of the widest columns
+            column = getattr(self, name)
+            if column.dtype == np.int64 and len(column) and -_NARROW_LIMIT < column.min() and column.max() < _NARROW_LIMIT:
+                setattr(self, name, column.astype(np.int32))
+
     def __len__(self) -> int:
         return len(self.rank)
 
     def take(self, rows: np.ndarray) -> "Entries":
         return Entries(**{name: getattr(self, name)[rows] for name in _COLUMNS}, vocabulary=self.vocabulary)
+
+    def head(self, count: int) -> "Entries":
+        """The first ``count`` rows, as views (no copy)."""
+        return Entries(**{name: getattr(self, name)[:count] for name in _COLUMNS}, vocabulary=self.vocabulary)
+
+    def reorder(self, order: np.ndarray) -> None:
+        """Put the rows in ``order``, one column at a time, so that only one column is ever copied."""
+        for name in _COLUMNS:
+            setattr(self, name, getattr(self, name)[order])
 
 
 #: The fields read from each raw entry, in one C-level lookup per entry.

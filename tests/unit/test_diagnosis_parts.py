@@ -159,3 +159,26 @@ def test_a_rank_still_in_a_collective_its_peers_completed_is_stuck(states, kind)
     entries, dumped = job(programs)
     root = diagnose(entries, listed={}, dumped=dumped).root
     assert (root.kind, root.culprit_ranks, root.seq) == (kind, [0], 2)
+
+
+def test_calls_sort_the_entries_in_place_without_changing_any_row():
+    entries, _ = job({0: [("all_reduce",), ("broadcast", 4)], 1: [("all_reduce",), ("broadcast", 4)]})
+    p2p = from_dump_entries([entry(9, ("0", "default_pg"), 0, "send 0->1", p2p_seq=1)], 0, {"0": [0, 1]},
+                            vocabulary=entries.vocabulary)
+    entries = concatenate([entries, p2p], entries.vocabulary)
+    rows_before = sorted(zip(entries.rank.tolist(), entries.record.tolist(), entries.seq.tolist(), entries.op.tolist()))
+    calls = collective_calls(entries)
+    assert sorted(zip(entries.rank.tolist(), entries.record.tolist(), entries.seq.tolist(),
+                      entries.op.tolist())) == rows_before
+    assert (calls.group.tolist(), calls.seq.tolist(), calls.rank.tolist()) == ([0] * 4, [1, 1, 2, 2], [0, 1, 0, 1])
+    assert calls.rank.base is not None  # a view of the sorted entries, not a copy
+    assert entries.is_p2p.tolist()[-1]  # the send is not a call: it sorts after them
+
+
+def test_sequence_numbers_stay_64_bit_when_they_do_not_fit_in_32():
+    big = 2**40
+    vocabulary = Vocabulary()
+    small = from_dump_entries([entry(0, ("0", "default_pg"), 5, "all_reduce")], 0, {}, vocabulary=vocabulary)
+    large = from_dump_entries([entry(0, ("0", "default_pg"), big, "all_reduce")], 1, {}, vocabulary=vocabulary)
+    assert small.seq.dtype == np.int32 and large.seq.dtype == np.int64
+    assert concatenate([small, large], vocabulary).seq.tolist() == [5, big]
