@@ -131,6 +131,21 @@ def main() -> None:
                 print(f"{name:46s} {rank:>4} {theirs_text:>30s} {mine_text:>30s} {gap_text:>8s} {hta_s:7.2f} "
                       f"{ours_s:7.2f} {hta_s / ours_s:6.2f}x")
                 name = ""
+    hta_start = _startup([args.hta_python, "-c", "import warnings; warnings.filterwarnings('ignore'); "
+                                                 "from hta.trace_analysis import TraceAnalysis"])
+    ours_start = _startup([sys.executable, "-m", "rankstream", "analyze", "trace", "--help"])
+    print(f"start-up alone (interpreter, imports, command line): HTA {hta_start:.2f} s, rankstream {ours_start:.2f} s; "
+          "on the small traces it is most of either tool's time")
+
+
+def _startup(command: list[str], rounds: int = 3) -> float:
+    """Median seconds of a process that only starts and imports (the cost every small trace pays)."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        subprocess.run(command, capture_output=True, timeout=600)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def _round(value):

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, folded_state,
                                                 p2p_peers, parse_op)
 
-__all__ = ["from_dump_entries_arrow"]
+__all__ = ["from_dump_entries_arrow", "entry_table", "from_entry_tables"]
 
 _SIZES = pa.list_(pa.list_(pa.int64()))
 _NAMES = pa.list_(pa.string())
@@ -80,12 +80,26 @@ def _codes_with_text(prints: np.ndarray, kind: str, vocabulary: Vocabulary, text
     return vocabulary.codes(kind, texts)[inverse.reshape(-1)] if len(texts) else np.zeros(0, np.int32)
 
 
+def entry_table(entries: list) -> pa.StructArray:
+    """One dump's raw entries as an Arrow array of the fields the diagnosis reads. Raises
+    ``pa.ArrowInvalid``/``ArrowTypeError`` (or TypeError) when they are not of torch's types."""
+    return pa.array(entries, type=_ENTRY)
+
+
 def from_dump_entries_arrow(entries: list, rank: int, members: dict[str, list[int]],
                             *, vocabulary: Vocabulary) -> Entries:
-    """One rank's raw dump entries as columns. Raises ``pa.ArrowInvalid``/``ArrowTypeError`` (or
-    TypeError) when the entries are not of torch's types."""
-    table = pa.array(entries, type=_ENTRY)
+    """One rank's raw dump entries as columns (raises as ``entry_table`` does)."""
+    return from_entry_tables([entry_table(entries)], [rank], members, vocabulary=vocabulary)
+
+
+def from_entry_tables(tables: list[pa.StructArray], ranks: list[int], members: dict[str, list[int]],
+                      *, vocabulary: Vocabulary) -> Entries:
+    """Several dumps' ``entry_table`` (``ranks[i]`` wrote ``tables[i]``, all listing the same group
+    ``members``) as columns. Converting them together pays the dozens of array calls once for
+    all of them instead of once per dump: that was half the conversion time."""
+    table = tables[0] if len(tables) == 1 else pa.concat_arrays(tables)
     n = len(table)
+    rank = np.repeat(np.asarray(ranks, dtype=np.int32), [len(t) for t in tables])
     field = {name: table.field(name) for name in _ENTRY.names}
     group = field["process_group"]
     names = pc.dictionary_encode(pc.fill_null(pc.list_element(group, 0), ""))
@@ -117,7 +131,7 @@ def from_dump_entries_arrow(entries: list, rank: int, members: dict[str, list[in
     state = state_map[pc.fill_null(states.indices, 0).to_numpy(zero_copy_only=False)] if n else \
         np.zeros(0, np.int8)
     return Entries(
-        rank=np.full(n, rank, dtype=np.int32), group=group_codes[name_codes] if n else np.zeros(0, np.int32),
+        rank=rank, group=group_codes[name_codes] if n else np.zeros(0, np.int32),
         seq=_ints(field["collective_seq_id"]), p2p_seq=_ints(field["p2p_seq_id"]), is_p2p=is_p2p,
         op=op_codes[profiling_codes] if n else np.zeros(0, np.int32), peer=peer, shape=shapes, dtype=dtypes,
         state=folded_state(state, _ints(field["time_discovered_started_ns"]),

@@ -1,8 +1,9 @@
 """Reading a directory of dumps for the diagnosis: every file, in parallel, into columns.
 
 Each worker process reads its share of the files with the FR reader (``producers.fr_reader``:
-the plain-data unpickler or JSON) and turns each rank's entries into the diagnosis's columns
-(``entries.from_dump_entries``), so only compact numpy arrays travel back. Stack frames are not
+the plain-data unpickler or JSON) and turns the entries into the diagnosis's columns, several
+dumps at a time (``columnar.from_entry_tables``; ``entries.from_dump_entries`` for a dump Arrow
+refuses), so only compact numpy arrays travel back. Stack frames are not
 converted: only the culprits' are read, afterwards (``stack_at``). A set that mixes pickle and
 JSON dumps, or dumps of different world sizes, is refused with one line naming the file.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rankstream.flows.diagnosis.columnar import from_dump_entries_arrow
+from rankstream.flows.diagnosis.columnar import entry_table, from_entry_tables
 from rankstream.flows.diagnosis.entries import Entries, Vocabulary, concatenate, from_dump_entries, recoded
 from rankstream.producers.fr_reader import groups_from_pg_config, list_fr_files, parse_dump
 from rankstream.producers.importing import check_input_file, paused_gc
@@ -26,6 +27,8 @@ __all__ = ["LoadedDumps", "load_directory", "stack_at"]
 
 #: Below this many files, starting worker processes costs more than it saves.
 _PARALLEL_FROM = 16
+#: Dumps converted to columns in one go (about 2000 entries each: a few tens of MB of Arrow arrays).
+_BATCH_DUMPS = 32
 
 
 @dataclass
@@ -53,6 +56,7 @@ def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk |
     pa.set_cpu_count(1)  # the workers are the parallelism: Arrow's own threads would only compete
     vocabulary, parts, dumps, listed = Vocabulary(), [], [], {}
     previous_config, previous_groups = object(), []
+    batch = _Batch(vocabulary, parts)
     for rank, path_text in files:
         path = Path(path_text)
         try:
@@ -68,8 +72,9 @@ def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk |
                 if pg_filters:
                     entries = [e for e in entries if isinstance(e, dict) and _group_matches(e, pg_filters)]
                 try:
-                    parts.append(from_dump_entries_arrow(entries, rank, mine, vocabulary=vocabulary))
+                    batch.add(entry_table(entries), rank, mine)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):  # not torch's exact types
+                    batch.flush()
                     parts.append(from_dump_entries(entries, rank, mine, vocabulary=vocabulary))
                 del dump, entries
         except BadInput as exc:
@@ -83,7 +88,32 @@ def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk |
         defaults = [g for g in previous_groups if g["pg_desc"] == "default_pg" and g["ranks"]]
         dumps.append((rank, path_text, raw.lstrip()[:1] in (b"{", b"["),
                       len(defaults[0]["ranks"]) if defaults else None))
+    batch.flush()
     return _Chunk(concatenate(parts, vocabulary), dumps, listed)
+
+
+class _Batch:
+    """Dumps converted to columns together (``from_entry_tables``) while they list the same groups,
+    up to ``_BATCH_DUMPS`` at a time so that a worker's Arrow tables stay small."""
+
+    def __init__(self, vocabulary: Vocabulary, parts: list[Entries]) -> None:
+        self.vocabulary, self.parts = vocabulary, parts
+        self.tables: list[pa.StructArray] = []
+        self.ranks: list[int] = []
+        self.members: dict[str, list[int]] | None = None
+
+    def add(self, table: pa.StructArray, rank: int, members: dict[str, list[int]]) -> None:
+        if self.tables and (members != self.members or len(self.tables) >= _BATCH_DUMPS):
+            self.flush()
+        self.tables.append(table)
+        self.ranks.append(rank)
+        self.members = members
+
+    def flush(self) -> None:
+        if self.tables:
+            self.parts.append(from_entry_tables(self.tables, self.ranks, self.members or {},
+                                                vocabulary=self.vocabulary))
+        self.tables, self.ranks = [], []
 
 
 def _group_matches(entry: dict, filters: frozenset) -> bool:

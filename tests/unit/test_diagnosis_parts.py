@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rankstream.flows.diagnosis.calls import collective_calls
-from rankstream.flows.diagnosis.columnar import from_dump_entries_arrow
+from rankstream.flows.diagnosis.columnar import entry_table, from_dump_entries_arrow, from_entry_tables
 from rankstream.flows.diagnosis.engine import diagnose
 from rankstream.flows.diagnosis.entries import Vocabulary, concatenate, from_dump_entries, parse_op, recoded
 from rankstream.flows.diagnosis.groups import find_groups
@@ -58,6 +58,22 @@ def test_the_arrow_conversion_gives_the_python_conversion_s_columns():
             return [entries.vocabulary.text(kind, c) for c in getattr(entries, name).tolist()]
         assert texts(python) == texts(arrow), name  # the same values (codes are each table's own)
     assert arrow.peer.tolist()[-1] == 6  # group-local 1 is global rank 6
+
+
+def test_dumps_converted_together_give_each_dump_s_own_columns():
+    dumps = {rank: [entry(i, ("3", "tp"), i + 1, op, size) for i, (op, size) in enumerate(calls)]
+             for rank, calls in {0: [("all_reduce", 8), ("broadcast", 4)], 5: [("all_gather", 2)],
+                                 7: [("all_reduce", 8), ("all_reduce", 16), ("broadcast", 4)]}.items()}
+    together = from_entry_tables([entry_table(rows) for rows in dumps.values()], list(dumps), {}, vocabulary=Vocabulary())
+    one_by_one = Vocabulary()
+    apart = concatenate([from_dump_entries_arrow(rows, rank, {}, vocabulary=one_by_one) for rank, rows in dumps.items()],
+                        one_by_one)
+    assert together.rank.tolist() == [0, 0, 5, 7, 7, 7]
+    for name in ("seq", "record", "state"):
+        assert getattr(together, name).tolist() == getattr(apart, name).tolist(), name
+    for name, kind in (("op", "ops"), ("shape", "shapes"), ("group", "groups")):
+        assert [together.vocabulary.text(kind, c) for c in getattr(together, name).tolist()] == \
+            [apart.vocabulary.text(kind, c) for c in getattr(apart, name).tolist()], name
 
 
 def test_a_period_predicts_the_next_call():
