@@ -45,21 +45,29 @@ CONVERT_FLOOR = """
 import gc, json, os, sys, time
 from pathlib import Path
 import pyarrow as pa
-from rankstream.flows.diagnosis.columnar import from_dump_entries_arrow
+from rankstream.flows.diagnosis.columnar import entry_table, from_entry_tables
 from rankstream.flows.diagnosis.entries import Vocabulary
 from rankstream.producers.fr_reader import groups_from_pg_config, parse_dump
 pa.set_cpu_count(1)
 gc.disable()  # as the reader does while it holds a dump's objects (paused_gc)
-vocabulary, unpickle, convert = Vocabulary(), 0.0, 0.0
+vocabulary, unpickle, convert, tables = Vocabulary(), 0.0, 0.0, []
 for path in sorted(Path(sys.argv[1]).iterdir()):
     raw = path.read_bytes()
     started = time.perf_counter()
     dump = parse_dump(raw, str(path))
     parsed = time.perf_counter()
     members = {g["pg_name"]: sorted(g["ranks"]) for g in groups_from_pg_config(dump.get("pg_config")) if g["ranks"]}
-    from_dump_entries_arrow(dump["entries"], 0, members, vocabulary=vocabulary)
+    tables.append(entry_table(dump["entries"]))
+    if len(tables) == 32:  # in batches, as the reader converts them
+        from_entry_tables(tables, [0] * len(tables), members, vocabulary=vocabulary)
+        tables = []
     convert += time.perf_counter() - parsed
     unpickle += parsed - started
+    del dump
+if tables:
+    started = time.perf_counter()
+    from_entry_tables(tables, [0] * len(tables), members, vocabulary=vocabulary)
+    convert += time.perf_counter() - started
 print(json.dumps({"unpickle_s": unpickle, "convert_s": convert, "cores": os.cpu_count()}))
 """
 STARTUP = "import rankstream.cli, rankstream.flows.diagnosis.report"
