@@ -52,11 +52,16 @@ def _quoted(names) -> str:
     return ", ".join("'" + name.replace("'", "''") + "'" for name in names)
 
 
-IDLE_SQL = f"""
-INSERT INTO gpu_idle_time
-WITH launches AS (
+#: When each GPU event's launch call started: the CPU event with its correlation id (the latest,
+#: where several share one, as HTA pairs them).
+_LAUNCH_TIMES = """
     SELECT rank, correlation, max(start_ns) AS launch_ns FROM _hta_events
     WHERE NOT is_gpu AND correlation IS NOT NULL GROUP BY ALL
+"""
+
+IDLE_SQL = f"""
+INSERT INTO gpu_idle_time
+WITH launches AS ({_LAUNCH_TIMES}
 ), kernels AS (
     SELECT g.rank, g.stream, g.start_ns, l.launch_ns,
            lag(g.end_ns) OVER (PARTITION BY g.rank, g.stream ORDER BY g.start_ns, g.end_ns) AS previous_end_ns
@@ -76,8 +81,10 @@ SELECT $run, rank, stream, category, idle_ns, idle_ns / nullif(sum(idle_ns) OVER
 FROM per_category
 """
 
-#: A launch call and the GPU event it started (same rank and correlation id).
-_LAUNCH_PAIRS = f"""
+#: Each launch call and the GPU event it started (same rank and correlation id), joined once for
+#: the queue length and the launch stats.
+LAUNCH_PAIRS_SQL = f"""
+CREATE OR REPLACE TEMP TABLE _launch_pairs AS
     SELECT c.rank, c.correlation, c.name AS launch_call, g.name, g.stream, c.start_ns AS call_start_ns,
            c.end_ns AS call_end_ns, g.start_ns AS gpu_start_ns, g.end_ns AS gpu_end_ns
     FROM _hta_events c JOIN _hta_events g ON g.is_gpu AND g.rank = c.rank AND g.correlation = c.correlation
@@ -93,11 +100,10 @@ def _describe(value: str) -> str:
 
 QUEUE_SQL = f"""
 INSERT INTO gpu_queue_length
-WITH pairs AS ({_LAUNCH_PAIRS}
-), points AS (  -- at the same instant a launch counts before an event starts
-    SELECT rank, stream, call_start_ns AS at_ns, 1 AS delta, 0 AS tie FROM pairs
+WITH points AS (  -- at the same instant a launch counts before an event starts
+    SELECT rank, stream, call_start_ns AS at_ns, 1 AS delta, 0 AS tie FROM _launch_pairs
     UNION ALL
-    SELECT rank, stream, gpu_start_ns, -1, 1 FROM pairs
+    SELECT rank, stream, gpu_start_ns, -1, 1 FROM _launch_pairs
 ), series AS (
     SELECT rank, stream,
            sum(delta) OVER (PARTITION BY rank, stream ORDER BY at_ns, tie ROWS UNBOUNDED PRECEDING) AS queue_length
@@ -112,7 +118,7 @@ SELECT $run, rank, correlation, launch_call, name, stream, cpu_duration, gpu_dur
        cpu_duration > {LONG_LAUNCH_CALL_NS}, launch_delay > {LONG_LAUNCH_DELAY_NS},
        cpu_duration <= {LONG_LAUNCH_CALL_NS} AND gpu_duration < cpu_duration
 FROM (SELECT *, call_end_ns - call_start_ns AS cpu_duration, gpu_end_ns - gpu_start_ns AS gpu_duration,
-             greatest(gpu_start_ns - call_end_ns, 0) AS launch_delay FROM ({_LAUNCH_PAIRS}))
+             greatest(gpu_start_ns - call_end_ns, 0) AS launch_delay FROM _launch_pairs)
 """
 
 LAUNCH_SUMMARY_SQL = """
@@ -147,10 +153,8 @@ SELECT $run, rank, kind, {_describe("gb_s")} FROM series WHERE gb_s > 1e-9 GROUP
 
 #: Each COMPUTATION and COMMUNICATION event with the step whose span (on the rank's own clock)
 #: holds its launch call.
-_STEP_KERNELS_SQL = """
-WITH launches AS (
-    SELECT rank, correlation, min(start_ns) AS launch_ns FROM _hta_events
-    WHERE NOT is_gpu AND correlation IS NOT NULL GROUP BY ALL
+_STEP_KERNELS_SQL = f"""
+WITH launches AS ({_LAUNCH_TIMES}
 ), steps AS (
     SELECT s.rank, s.step, s.start_ns + coalesce(o.offset_ns, 0) AS start_ns, s.end_ns + coalesce(o.offset_ns, 0) AS end_ns
     FROM run_steps($run) s LEFT JOIN rank_offsets($run) o USING (rank)
@@ -191,18 +195,17 @@ def gpu_step_communication(con, params: dict) -> None:
 
 
 def _unions_per_step(steps: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-    """The union of each step's intervals in one pass: each step's intervals are moved to a time
-    range of their own (step slot x the span of all of them), so one merge never joins two steps."""
+    """The union of each step's intervals in one pass: each step's intervals are moved, from its
+    own first start, into a slot of their own as wide as the widest step, so one merge never joins
+    two steps (the slots together span about the run's length: no overflow)."""
     unique_steps, slot = np.unique(steps, return_inverse=True)
-    base, width = int(starts.min()), int(max(ends.max(), starts.max()) - starts.min()) + 1
-    if width * len(unique_steps) >= 2**62:  # would overflow: one merge per step
-        merged = [merged_intervals(starts[slot == i], ends[slot == i]) for i in range(len(unique_steps))]
-        return (np.concatenate([np.full(len(m[0]), s) for s, m in zip(unique_steps, merged)]),
-                np.concatenate([m[0] for m in merged]), np.concatenate([m[1] for m in merged]))
-    shift = slot.astype(np.int64) * width - base
+    first = np.full(len(unique_steps), np.iinfo(np.int64).max)
+    np.minimum.at(first, slot, starts)
+    width = int((np.maximum(starts, ends) - first[slot]).max()) + 1
+    shift = slot.astype(np.int64) * width - first[slot]
     merged_starts, merged_ends = merged_intervals(starts + shift, ends + shift)
     merged_slot = merged_starts // width
-    back = merged_slot * width - base
+    back = merged_slot * width - first[merged_slot]
     return unique_steps[merged_slot], merged_starts - back, merged_ends - back
 
 
@@ -215,5 +218,5 @@ FROM _gpu_step_comm
 """
 
 #: In order, after ``_hta_events`` exists.
-GPU_STREAM_STATEMENTS = [IDLE_SQL, QUEUE_SQL, LAUNCHES_SQL, LAUNCH_SUMMARY_SQL, MEMORY_BANDWIDTH_SQL,
+GPU_STREAM_STATEMENTS = [IDLE_SQL, LAUNCH_PAIRS_SQL, QUEUE_SQL, LAUNCHES_SQL, LAUNCH_SUMMARY_SQL, MEMORY_BANDWIDTH_SQL,
                          "procedure:gpu_step_communication", STEP_COMMUNICATION_SQL]

@@ -28,14 +28,14 @@ def covered_ns(union: tuple[np.ndarray, np.ndarray], starts: np.ndarray, ends: n
     ``merged_intervals``) covers: the union's length up to ``ends`` minus its length up to
     ``starts``, each found by a binary search, so millions of intervals cost two searches each."""
     union_starts, union_ends = union
-    before = np.r_[0, np.cumsum(union_ends - union_starts)]
-
-    def length_up_to(times: np.ndarray) -> np.ndarray:
-        index = np.searchsorted(union_starts, times, side="right")  # union intervals starting at or before
-        inside = np.where(index > 0, np.clip(times - union_starts[np.maximum(index - 1, 0)], 0,
-                                             (union_ends - union_starts)[np.maximum(index - 1, 0)]), 0)
-        return before[np.maximum(index - 1, 0)] * (index > 0) + inside
-
     if not len(union_starts):
         return np.zeros(len(starts), dtype=np.int64)
+    lengths = union_ends - union_starts
+    before = np.r_[0, np.cumsum(lengths)]  # before[i]: the union's length before its interval i
+
+    def length_up_to(times: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(union_starts, times, side="right") - 1  # the last union interval starting by then
+        last = np.maximum(index, 0)
+        return np.where(index >= 0, before[last] + np.clip(times - union_starts[last], 0, lengths[last]), 0)
+
     return length_up_to(ends) - length_up_to(starts)

@@ -218,11 +218,10 @@ SELECT rank, name, cat, false AS is_gpu, NULL::VARCHAR AS kernel_type, stream, c
        ts_ns + dur_ns AS end_ns, NULL::DOUBLE AS bandwidth_gb_s
 FROM kept_cpu
 UNION ALL
-SELECT g.rank, g.name, g.cat, true, kernel_type(g.name), g.stream, g.correlation, g.ts_ns, g.ts_ns + g.dur_ns,
-       CASE WHEN kernel_type(g.name) = 'MEMORY' THEN TRY_CAST(g.args->>'$."memory bandwidth (GB/s)"' AS DOUBLE) END
-FROM events g
-WHERE g.stream <> -1
-  AND (keep_last OR NOT (SELECT applies FROM filtering) OR (g.rank, g.correlation) IN (SELECT * FROM launched));
+SELECT g.rank, g.name, g.cat, true, g.kind, g.stream, g.correlation, g.ts_ns, g.ts_ns + g.dur_ns,
+       CASE WHEN g.kind = 'MEMORY' THEN TRY_CAST(g.args->>'$."memory bandwidth (GB/s)"' AS DOUBLE) END
+FROM (SELECT *, kernel_type(name) AS kind FROM events WHERE stream <> -1) g
+WHERE keep_last OR NOT (SELECT applies FROM filtering) OR (g.rank, g.correlation) IN (SELECT * FROM launched);
 
 -- The GPU events of run_hta_events: what the GPU breakdown analyses.
 CREATE OR REPLACE MACRO run_gpu_events(run, keep_last) AS TABLE

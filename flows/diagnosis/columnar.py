@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, folded_state,
                                                 p2p_peers, parse_op)
 
-__all__ = ["from_dump_entries_arrow", "entry_table", "from_entry_tables"]
+__all__ = ["entry_table", "from_entry_tables"]
 
 _SIZES = pa.list_(pa.list_(pa.int64()))
 _NAMES = pa.list_(pa.string())
@@ -84,12 +84,6 @@ def entry_table(entries: list) -> pa.StructArray:
     """One dump's raw entries as an Arrow array of the fields the diagnosis reads. Raises
     ``pa.ArrowInvalid``/``ArrowTypeError`` (or TypeError) when they are not of torch's types."""
     return pa.array(entries, type=_ENTRY)
-
-
-def from_dump_entries_arrow(entries: list, rank: int, members: dict[str, list[int]],
-                            *, vocabulary: Vocabulary) -> Entries:
-    """One rank's raw dump entries as columns (raises as ``entry_table`` does)."""
-    return from_entry_tables([entry_table(entries)], [rank], members, vocabulary=vocabulary)
 
 
 def from_entry_tables(tables: list[pa.StructArray], ranks: list[int], members: dict[str, list[int]],

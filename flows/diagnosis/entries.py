@@ -121,9 +121,6 @@ class Entries:
     def __len__(self) -> int:
         return len(self.rank)
 
-    def take(self, rows: np.ndarray) -> "Entries":
-        return Entries(**{name: getattr(self, name)[rows] for name in _COLUMNS}, vocabulary=self.vocabulary)
-
     def head(self, count: int) -> "Entries":
         """The first ``count`` rows, as views (no copy)."""
         return Entries(**{name: getattr(self, name)[:count] for name in _COLUMNS}, vocabulary=self.vocabulary)

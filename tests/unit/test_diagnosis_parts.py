@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rankstream.flows.diagnosis.calls import collective_calls
-from rankstream.flows.diagnosis.columnar import entry_table, from_dump_entries_arrow, from_entry_tables
+from rankstream.flows.diagnosis.columnar import entry_table, from_entry_tables
 from rankstream.flows.diagnosis.engine import diagnose
 from rankstream.flows.diagnosis.entries import Vocabulary, concatenate, from_dump_entries, parse_op, recoded
 from rankstream.flows.diagnosis.groups import find_groups
@@ -35,6 +35,11 @@ def job(programs: dict[int, list[tuple]], group=("0", "default_pg")) -> tuple:
         rows = [entry(i, group, i + 1, *call) for i, call in enumerate(calls)]
         parts.append(from_dump_entries(rows, rank, {}, vocabulary=vocabulary))
     return concatenate(parts, vocabulary), sorted(programs)
+
+
+def from_dump_entries_arrow(rows, rank, members, *, vocabulary):
+    """One dump through the Arrow conversion, as the reader converts a batch of one."""
+    return from_entry_tables([entry_table(rows)], [rank], members, vocabulary=vocabulary)
 
 
 def test_op_names_and_p2p_peers():
