@@ -81,11 +81,21 @@ def _sparse_args_column(batches: list, counts: list[int]) -> pa.Array:
     starts = np.cumsum([0] + counts[:-1])
     positions = np.concatenate([batch.args_positions().astype(np.int64) + start
                                 for batch, start in zip(batches, starts)])
-    take = np.zeros(total, dtype=np.int32)
-    take[positions] = np.arange(len(texts), dtype=np.int32)
-    missing = np.ones(total, dtype=bool)
-    missing[positions] = False
-    return pa.array(texts, pa.string()).take(pa.array(take, mask=missing))
+    strings = pa.array(texts, pa.string())
+    if len(positions) > 1 and not (np.diff(positions) > 0).all():  # never from our codec; kept correct anyway
+        take = np.zeros(total, dtype=np.int32)
+        take[positions] = np.arange(len(texts), dtype=np.int32)
+        missing = np.ones(total, dtype=bool)
+        missing[positions] = False
+        return strings.take(pa.array(take, mask=missing))
+    # In order: the texts' bytes stay where they are, and events without args get empty slots.
+    lengths = np.zeros(total, dtype=np.int64)
+    lengths[positions] = np.diff(np.frombuffer(strings.buffers()[1], np.int32, len(texts) + 1, strings.offset * 4))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    valid = np.zeros(total, dtype=bool)
+    valid[positions] = True
+    return pa.StringArray.from_buffers(total, pa.py_buffer(offsets), strings.buffers()[2],
+                                       pa.array(valid).buffers()[1], total - len(texts))
 
 
 def _json(value) -> str | None:

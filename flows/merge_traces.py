@@ -68,10 +68,11 @@ def merge_trace_files(paths: list[Path], output: Path, *, rank: int | None = Non
 
 
 @contextlib.contextmanager
-def scratch_run(paths: list[Path], *, rank: int | None = None,
-                batch_events: int = 1000) -> Iterator[tuple[Database, list[TraceFile]]]:
+def scratch_run(paths: list[Path], *, rank: int | None = None, batch_events: int = 1000,
+                fallback_rank: int | None = None) -> Iterator[tuple[Database, list[TraceFile]]]:
     """The files' events as run ``RUN_ID`` of a scratch database that lives as long as the block
-    (what ``merge`` and ``analyze trace`` work on, with no broker). Every file is checked first."""
+    (what ``merge`` and ``analyze trace`` work on, with no broker). Every file is checked first; a
+    file that does not say its rank is refused, or taken as ``fallback_rank`` when one is given."""
     check_inputs(paths, rank)
     with tempfile.TemporaryDirectory(prefix="rankstream-scratch-") as scratch:
         connection = duckdb.connect(config={"memory_limit": SCRATCH_MEMORY, "temp_directory": scratch})
@@ -79,7 +80,8 @@ def scratch_run(paths: list[Path], *, rank: int | None = None,
             connection.execute(ddl())
             files = _read_arrays(connection, paths, rank)
             rest = [path for path, info in zip(paths, files) if info is None]
-            scanned = iter(scan_files(rest, rank, batch_events, directory=Path(scratch)) if rest else [])
+            scanned = iter(scan_files(rest, rank, batch_events, directory=Path(scratch), fallback_rank=fallback_rank)
+                           if rest else [])
             for index, info in enumerate(scanned):
                 with BatchFile(Path(scratch) / str(index)) as batches:
                     _insert(connection, info, batches)

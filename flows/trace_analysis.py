@@ -14,7 +14,6 @@ from pathlib import Path
 from rankstream.flows.breakdown import analyze_breakdown
 from rankstream.flows.gpu_breakdown import GPU_TABLES, analyze_gpu_breakdown
 from rankstream.flows.merge_traces import RUN_ID, scratch_run
-from rankstream.schemas.errors import BadInput
 
 __all__ = ["TraceAnalysis", "analyze_trace_files"]
 
@@ -39,25 +38,17 @@ class TraceAnalysis:
 def analyze_trace_files(paths: list[Path], *, rank: int | None = None, keep_last_step: bool = False) -> TraceAnalysis:
     """The GPU tables of ``paths`` (one file per rank), HTA's last-step rule applied unless
     ``keep_last_step``. A single file whose rank cannot be told is taken as rank 0, as HTA does."""
-    try:
-        return _analyze(paths, rank, keep_last_step)
-    except BadInput as exc:
-        if rank is not None or len(paths) != 1 or "cannot tell the rank" not in str(exc):
-            raise
-    result = _analyze(paths, 0, keep_last_step)
-    result.note = "; ".join(filter(None, ["the file does not say its rank: taken as rank 0", result.note]))
-    return result
-
-
-def _analyze(paths: list[Path], rank: int | None, keep_last_step: bool) -> TraceAnalysis:
-    with scratch_run(paths, rank=rank) as (database, files):
+    fallback_rank = 0 if rank is None and len(paths) == 1 else None
+    with scratch_run(paths, rank=rank, fallback_rank=fallback_rank) as (database, files):
         result = TraceAnalysis(files=[str(f.path) for f in files])
+        if any(f.rank_assumed for f in files):
+            result.note = "the file does not say its rank: taken as rank 0"
         result.categories = dict(database.fetchall(
             "SELECT coalesce(nullif(cat, ''), '(none)'), count(*) FROM trace_events GROUP BY ALL ORDER BY 2 DESC"))
         analyze_gpu_breakdown(database, RUN_ID, keep_last_step=keep_last_step)
         tables = [table for table in GPU_TABLES if table not in _PER_EVENT]
         if not database.fetchall("SELECT count(*) FROM gpu_temporal_breakdown")[0][0]:
-            result.note = "no GPU events (no event has a stream): CPU figures only"
+            result.note = "; ".join(filter(None, [result.note, "no GPU events (no event has a stream): CPU figures only"]))
             analyze_breakdown(database, RUN_ID)
             tables = ["cpu_temporal_breakdown"]
         for table in tables:

@@ -69,6 +69,8 @@ class TraceFile:
     rank: int | None = None
     world_size: int | None = None
     ranks_from_pid: bool = False
+    #: The file did not say its rank and was taken as the caller's fallback rank.
+    rank_assumed: bool = False
     steps: dict[int, Steps] = field(default_factory=dict)
     #: Integer pids seen: the ranks of a merged trace.
     pids: set[int] = field(default_factory=set)
@@ -129,9 +131,10 @@ def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
 
 
 def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = None,
-               *, batch_events: int = 1000) -> TraceFile:
+               *, batch_events: int = 1000, fallback_rank: int | None = None) -> TraceFile:
     """First pass: check every event, find the rank, the base time and the step spans, and (with
-    ``batches``) convert the events into batches of ``batch_events``."""
+    ``batches``) convert the events into batches of ``batch_events``. A file that does not say its
+    rank is refused, or taken as ``fallback_rank`` when one is given."""
     check_input_file(path)
     info = TraceFile(path=path)
     spans: list[tuple[int, int, int, int]] = []
@@ -166,14 +169,21 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
         info.world_size = distributed.get("world_size") if isinstance(distributed.get("world_size"), int) else None
     if info.rank is None:
         info.rank = rank_in_name(path)
+    if info.rank is None and fallback_rank is not None and not _pids_are_ranks(pids):
+        info.rank, info.rank_assumed = fallback_rank, True
     if info.rank is None:
-        if not all(isinstance(p, int) and 0 <= p < 1 << 16 for p in pids if p is not None):
+        if not _pids_are_ranks(pids):
             raise BadInput(f"{path}: cannot tell the rank (no distributedInfo, no rank in the file name, "
                            "pids are not ranks); pass --rank")
         info.ranks_from_pid = True
     info.steps = steps_by_pid(spans)
     info.session_id = content_session_id(path.name, str(path.stat().st_size), str(digest))
     return info
+
+
+def _pids_are_ranks(pids: set) -> bool:
+    """Whether the pids could be ranks, as in a merged trace (small non-negative integers)."""
+    return all(isinstance(p, int) and 0 <= p < 1 << 16 for p in pids if p is not None)
 
 
 #: Composer's clock-sync metadata, already applied in a merged trace (see the module docstring).
@@ -199,10 +209,11 @@ def file_parts(info: TraceFile, batches: BatchFile) -> Iterator[tuple[int, Trace
 PARALLEL_READ_BYTES = 16 << 20
 
 
-def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path) -> TraceFile:
+def _scan_into(path: Path, rank: int | None, batch_events: int, batch_path: Path,
+               fallback_rank: int | None = None) -> TraceFile:
     """A reader process's work: the first pass of one file, its batches into ``batch_path``."""
     with BatchFile(batch_path) as batches:
-        return scan_trace(path, rank, batches, batch_events=batch_events)
+        return scan_trace(path, rank, batches, batch_events=batch_events, fallback_rank=fallback_rank)
 
 
 def check_inputs(paths: list[Path], rank: int | None) -> None:
@@ -213,24 +224,25 @@ def check_inputs(paths: list[Path], rank: int | None) -> None:
         check_input_file(path)
 
 
-def scan_files(paths: list[Path], rank: int | None, batch_events: int, *, directory: Path) -> list[TraceFile]:
+def scan_files(paths: list[Path], rank: int | None, batch_events: int, *, directory: Path,
+               fallback_rank: int | None = None) -> list[TraceFile]:
     """The first pass of every file, one process per core when there is enough to read; the
     batches of ``paths[i]`` end up in ``directory / f"{i}"``. The first bad file (in the order
     given) raises its error; so do ``rank`` with several files and a path that is no input file,
     before anything is read."""
     check_inputs(paths, rank)
     batch_paths = [directory / str(i) for i in range(len(paths))]
-    ranks, sizes = [rank] * len(paths), [batch_events] * len(paths)
+    ranks, sizes, fallbacks = [rank] * len(paths), [batch_events] * len(paths), [fallback_rank] * len(paths)
     workers = min(len(paths), os.cpu_count() or 1)
     total = sum(path.stat().st_size for path in paths)
     # Forked readers start at once and need no importable main module (spawned ones re-run the
     # caller's script). A fork copies no thread, so a lock that another thread held would stay
     # held in the child: with other threads running, the files are read here, one by one.
     if workers < 2 or total < PARALLEL_READ_BYTES or threading.active_count() > 1:
-        return list(map(_scan_into, paths, ranks, sizes, batch_paths))
+        return list(map(_scan_into, paths, ranks, sizes, batch_paths, fallbacks))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         try:
-            return list(pool.map(_scan_into, paths, ranks, sizes, batch_paths))
+            return list(pool.map(_scan_into, paths, ranks, sizes, batch_paths, fallbacks))
         except BrokenProcessPool:
             raise RankstreamError("a trace reader process died (out of memory?); "
                                   "import the files one at a time") from None

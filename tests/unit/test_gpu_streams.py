@@ -14,6 +14,7 @@ import pytest
 from rankstream.flows.gpu_streams import LAUNCH_CALLS
 from rankstream.flows.intervals import covered_ns, merged_intervals
 from rankstream.flows.trace_analysis import analyze_trace_files
+from rankstream.schemas.errors import BadInput
 from tests.unit.test_gpu_breakdown import CASES, EXPECTED, _files
 
 US = 1000
@@ -187,3 +188,14 @@ def test_a_gpu_run_feeds_its_step_breakdown_and_report_with_the_gpu_figures(tmp_
     assert [row["rank"] for row in report["gpu_breakdown"]] == [0, 1]
     assert {row["stream"] for row in report["gpu_streams"]} == {7, 20, 24}
     assert all(row["launches"] > 0 for row in report["gpu_launches"])
+
+
+def test_one_file_without_a_rank_is_rank_0_and_says_so_two_are_refused(tmp_path):
+    events = json.loads(_hand_trace(tmp_path / "rank0.json").read_text())["traceEvents"]
+    for index, name in enumerate(["worker_a.json", "worker_b.json"]):
+        (tmp_path / name).write_text(json.dumps([dict(e, pid=100_000 + index) for e in events]))
+    analysis = analyze_trace_files([tmp_path / "worker_a.json"])
+    assert "taken as rank 0" in analysis.note
+    assert {row["rank"] for row in analysis.tables["gpu_temporal_breakdown"]} == {0}
+    with pytest.raises(BadInput, match="cannot tell the rank"):
+        analyze_trace_files([tmp_path / "worker_a.json", tmp_path / "worker_b.json"])

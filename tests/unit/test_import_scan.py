@@ -51,6 +51,22 @@ def test_merged_trace_takes_ranks_from_pids(tmp_path):
     assert info.ranks_from_pid and info.pids == {0, 1}
 
 
+def test_a_file_that_does_not_say_its_rank_is_refused_or_takes_the_fallback(tmp_path):
+    path = write(tmp_path / "worker.json", [dict(e, pid=123456) for e in EVENTS[:2]])
+    with pytest.raises(BadInput, match="cannot tell the rank"):
+        scan_trace(path)
+    info = scan_trace(path, fallback_rank=0)
+    assert (info.rank, info.rank_assumed, info.ranks_from_pid) == (0, True, False)
+    named = scan_trace(write(tmp_path / "rank5.json", EVENTS), fallback_rank=0)
+    assert (named.rank, named.rank_assumed) == (5, False)
+
+
+def test_a_merged_trace_keeps_its_pid_ranks_despite_a_fallback(tmp_path):
+    merged = [dict(e, pid=r) for r in (0, 1) for e in EVENTS[:2]]
+    info = scan_trace(write(tmp_path / "merged_trace.json", merged), fallback_rank=0)
+    assert info.ranks_from_pid and not info.rank_assumed
+
+
 @pytest.mark.parametrize("content,problem", [
     ("", "empty file"),
     ("\x00\x01binary", "not a Chrome trace"),

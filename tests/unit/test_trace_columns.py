@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankstream.schemas.errors import BadInput, RankstreamError
+from rankstream.consumers.projector import trace_table
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.import_trace import scan_trace
 from rankstream.producers.trace_columns import as_int, event_columns, finish_batch, trace_batches
@@ -132,3 +133,12 @@ def test_a_full_temporary_disk_is_named_as_such_not_as_a_bad_trace(tmp_path, mon
         with pytest.raises(RankstreamError, match=f"cannot park import batches in {tmp_path}.*No space left") as error:
             scan_trace(trace, batches=parked)
         assert not isinstance(error.value, BadInput)
+
+
+@settings(max_examples=100, deadline=None)
+@given(events=st.lists(EVENT, min_size=1, max_size=40), size=st.integers(1, 12))
+def test_the_stored_args_column_puts_each_batchs_args_at_their_events(events, size):
+    batches = [finish_batch(b, 0, {}) for b in trace_batches(event_columns(events), size)]
+    stored = trace_table([("run", 0, batch) for batch in batches]).column("args").to_pylist()
+    expected = [event["args"] for batch in batches for event in decoded(batch)]
+    assert [None if text is None else json.loads(text) for text in stored] == expected
