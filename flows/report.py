@@ -104,6 +104,9 @@ def gather_report(db_path: Path, run_id: str) -> dict[str, list[dict]]:
     """Every section's rows, by section name, plus ``analyses``: which analyses ran for the run."""
     database = connect(db_path)
     report = {name: database.arrow(sql, [run_id]).to_pylist() for name, sql in _SECTIONS.items()}
+    report["processes"] = database.arrow(
+        "SELECT rank, count(DISTINCT session_id) AS processes FROM rank_metadata WHERE run_id = $1 GROUP BY rank "
+        "HAVING count(DISTINCT session_id) > 1 ORDER BY rank", [run_id]).to_pylist()
     report["analyses"] = database.arrow(
         "SELECT analysis, max(finished_ns) AS finished_ns, arg_max(detail, finished_ns) AS detail FROM analyses_done "
         "WHERE run_id = $1 GROUP BY analysis ORDER BY analysis", [run_id]).to_pylist()
@@ -129,6 +132,10 @@ def _table(title: str, rows: list[dict]) -> Table:
 
 def render_run_report(run_id: str, report: dict[str, list[dict]], console: Console) -> None:
     console.print(f"[bold]run {run_id}[/]")
+    if report.get("processes"):
+        ranks = ", ".join(str(row["rank"]) for row in report["processes"])
+        console.print(f"[yellow]warning[/]: rank(s) {ranks} were sent by more than one process: two launches under "
+                      "one run id (or a restart) are mixed in these figures")
     analyzed = {row["analysis"]: row["detail"] for row in report.get("analyses", [])}
     has_gpu = any(report.get(name) for name in _GPU_ONLY)
     for name, rows in report.items():

@@ -29,7 +29,7 @@ import numpy as np
 from rankstream.producers.trace_columns import step_number, steps_by_pid, steps_column, trace_batches
 from rankstream.schemas.trace import NULL_INT
 
-__all__ = ["ProfilerStream", "profile", "window_columns"]
+__all__ = ["ProfilerStream", "profile", "periodic_windows", "window_columns"]
 
 _INSTANT_TYPES = frozenset({"cpu_instant_event"})
 
@@ -189,14 +189,16 @@ def _jsonable(value: Any) -> Any:
 
 def profile(stream: ProfilerStream, *, wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 0,
             skip_first: int = 0, record_shapes: bool = True, profile_memory: bool = False,
-            with_stack: bool = False, with_flops: bool = False, activities=None, **kwargs):
+            with_stack: bool = False, with_flops: bool = False, activities=None, schedule=None, **kwargs):
     """A ``torch.profiler.profile`` on a schedule, streaming through ``stream`` (Composer's
-    TorchProfiler, without files). Call ``.step()`` once per training step, as with torch's."""
+    TorchProfiler, without files). Call ``.step()`` once per training step, as with torch's.
+    ``schedule`` (a function of the step number) replaces the wait/warmup/active one."""
     import torch.profiler as tp  # the job brings torch; the rank side does not require it
 
     return tp.profile(
         activities=activities or [tp.ProfilerActivity.CPU],
-        schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first),
+        schedule=schedule or tp.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
+                                         skip_first=skip_first),
         on_trace_ready=stream,
         record_shapes=record_shapes,
         profile_memory=profile_memory,
@@ -204,3 +206,26 @@ def profile(stream: ProfilerStream, *, wait: int = 1, warmup: int = 1, active: i
         with_flops=with_flops,
         **kwargs,
     )
+
+
+def periodic_windows(every: int, active: int, first: int = 10) -> Callable[[int], Any]:
+    """A torch.profiler schedule for a job nobody edited: a window of ``active`` steps after the
+    first ``first`` steps (a short job still gets one), then one every ``every`` steps; each
+    window is preceded by one warm-up step, as torch's own schedule does."""
+    import torch.profiler as tp  # the job brings torch
+
+    if every < active + 2 or active < 1:
+        raise ValueError(f"a window of {active} steps every {every} needs every >= active + 2 >= 3")
+    actions = tp.ProfilerAction
+
+    def action(step: int):
+        if step < first - 1:
+            return actions.NONE
+        phase = (step - first + 1) % every
+        if phase == 0:
+            return actions.WARMUP
+        if phase < active:
+            return actions.RECORD
+        return actions.RECORD_AND_SAVE if phase == active else actions.NONE
+
+    return action

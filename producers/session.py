@@ -38,10 +38,11 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
                      *, launch: LaunchEnvironment) -> tuple[str, int, int]:
     """Who this rank is: explicit arguments, then the process group, then the launcher's variables.
 
-    Without an explicit run id (argument, RANKSTREAM_RUN_ID or torchrun's rendezvous id) and with a
-    process group, rank 0 proposes one through the group's store and every rank reads it back;
-    without a process group it is derived from MASTER_ADDR:MASTER_PORT and the day, which all ranks
-    of one launch share.
+    Every launch gets a run id of its own, which all its ranks share. In order: the argument,
+    RANKSTREAM_RUN_ID or torchrun's rendezvous id; else one that rank 0 proposes through a store
+    every rank reads back (the process group's, or torchrun's agent store before there is a group);
+    else the launcher's job id (SLURM, PMIx); else the master address and the launching process,
+    which the ranks of one single-node launch share. Rank 0 prints it once.
     """
     dist = _dist()
     if rank is None:
@@ -50,17 +51,54 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
         world_size = dist.get_world_size() if dist else (launch.world_size or 1)
     if run_id is None and launch.run_id and launch.run_id != "none":
         run_id = launch.run_id
-    if run_id is None and dist is not None:
-        try:
-            store = dist.distributed_c10d._get_default_store()
-            proposal = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-            run_id = store.compare_set("rankstream/run_id", "", proposal).decode()
-        except Exception:  # no store, or it refused: the run id comes from the launch environment
-            run_id = None
     if run_id is None:
-        master = (launch.master or "local").replace(":", "-")
-        run_id = f"job-{master}-{time.strftime('%Y%m%d')}"
+        run_id = _agreed_run_id(dist, launch)
+        if rank == 0:
+            print(f"rankstream: run id {run_id}", file=sys.stderr, flush=True)
     return run_id, rank, world_size
+
+
+#: The key under which rank 0's proposed run id is kept in the launch's store.
+RUN_ID_KEY = "rankstream/run_id"
+#: How long a rank waits for torchrun's agent store before falling back to the other sources.
+AGENT_STORE_TIMEOUT_S = 10
+
+
+def _agreed_run_id(dist, launch: LaunchEnvironment) -> str:
+    """A run id every rank of this launch computes alike, and no other launch does."""
+    proposal = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    store = None
+    try:
+        if dist is not None:
+            store = dist.distributed_c10d._get_default_store()
+        elif launch.agent_store and launch.master:
+            from datetime import timedelta
+
+            import torch.distributed as torch_dist  # torch is the job's, not a dependency
+
+            host, port = launch.master.rsplit(":", 1)
+            store = torch_dist.TCPStore(host, int(port), is_master=False,
+                                        timeout=timedelta(seconds=AGENT_STORE_TIMEOUT_S))
+        if store is not None:
+            return store.compare_set(RUN_ID_KEY, "", proposal).decode()
+    except Exception:  # no store, or it refused: the run id comes from the launch environment
+        pass
+    if launch.launcher_job:
+        return f"job-{launch.launcher_job}"
+    master = (launch.master or "local").replace(":", "-")
+    return f"job-{master}-{_launching_process()}"
+
+
+def _launching_process() -> str:
+    """The parent process as ``<pid>.<start time>``: the ranks one launcher started on this node
+    share it, and a later launch (even reusing the pid) does not."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/stat") as stat:
+            started = stat.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime (clock ticks since boot)
+    except (OSError, IndexError):
+        started = time.strftime("%Y%m%d")
+    return f"{parent}.{started}"
 
 
 #: At shutdown, how long a clock-sync round still running may take to finish and send its sample.

@@ -30,9 +30,10 @@ from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
 from rankstream.schemas.processes import process_alive, stop_process
-from rankstream.schemas.settings import config_env
+from rankstream.schemas.settings import config_env, forget_endpoint, record_endpoint
 
-__all__ = ["up", "down", "materialize", "materializer_pid", "start_embedded_broker", "Services"]
+__all__ = ["up", "down", "materialize", "materializer_pid", "stop_materializer", "start_embedded_broker", "Services",
+           "absolute"]
 
 
 @dataclass(frozen=True)
@@ -104,17 +105,23 @@ def up(config: Config, wait_s: float = 30.0) -> Services:
                 raise RankstreamError(f"the materializer did not start serving within {wait_s:.0f} s; "
                                       f"see {config.state_dir / 'materializer.log'}")
             time.sleep(0.05)
+    record_endpoint(config)
     return Services(broker=broker, materializer_pid=pid)
 
 
 def down(config: Config) -> list[str]:
     """Stop the materializer (it finishes its transaction) and the embedded broker."""
     config = absolute(config)
-    stopped = []
-    pid = materializer_pid(config)
-    if pid is not None and stop_process(pid, timeout_s=20.0):
-        stopped.append(f"materializer (pid {pid})")
-    _pid_file(config).unlink(missing_ok=True)
+    stopped = [stop_materializer(config)]
     if config.uses_embedded_broker and stop_broker(config):
         stopped.append("embedded broker")
-    return stopped
+    forget_endpoint(config)
+    return [name for name in stopped if name]
+
+
+def stop_materializer(config: Config) -> str | None:
+    """Stop the background materializer (it finishes its transaction); what was stopped, if any."""
+    pid = materializer_pid(config)
+    stopped = pid is not None and stop_process(pid, timeout_s=20.0)
+    _pid_file(config).unlink(missing_ok=True)
+    return f"materializer (pid {pid})" if stopped else None

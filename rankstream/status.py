@@ -35,6 +35,10 @@ WITH latest_heartbeat AS (
     FROM (SELECT run_id, rank, stream, session_id, max(seq) AS max_seq, count(*) AS n
           FROM ingested_batches GROUP BY ALL)
     GROUP BY run_id
+), processes AS (
+    SELECT run_id, count(*) FILTER (WHERE sessions > 1) AS ranks_with_several_processes
+    FROM (SELECT run_id, rank, count(DISTINCT session_id) AS sessions FROM rank_metadata GROUP BY ALL)
+    GROUP BY run_id
 ), fr AS (
     SELECT run_id, count(*) AS fr_entries FROM fr_entries GROUP BY run_id
 ), producers AS (
@@ -49,9 +53,10 @@ SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.
        coalesce(p.dropped, 0) AS dropped, coalesce(p.spooled, 0) AS spooled,
        coalesce(p.broker_resets, 0) AS broker_resets, coalesce(p.resent, 0) AS resent,
        coalesce(p.not_resent, 0) AS not_resent,
-       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns
+       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns,
+       coalesce(x.ranks_with_several_processes, 0) AS ranks_with_several_processes
 FROM runs r
-LEFT JOIN batches b USING (run_id) LEFT JOIN gaps g USING (run_id)
+LEFT JOIN batches b USING (run_id) LEFT JOIN gaps g USING (run_id) LEFT JOIN processes x USING (run_id)
 LEFT JOIN fr USING (run_id) LEFT JOIN producers p USING (run_id)
 ORDER BY r.started_at DESC
 """
@@ -119,6 +124,11 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     if any(run["not_resent"] or run["missing_messages"] for run in report["runs"]):
         console.print("not resent: events acknowledged by a broker that then restarted without its log, after the "
                       "producer's resend window had let them go; missing msgs: sequence gaps in what arrived")
+    for run in report["runs"]:
+        if run["ranks_with_several_processes"]:
+            console.print(f"[yellow]warning[/]: run {run['run_id']}: {run['ranks_with_several_processes']} rank(s) "
+                          "were sent by more than one process (two launches under one run id, or a restart); "
+                          "give each launch its own run id")
     for finding in report["live_findings"]:
         console.print(live_finding_line(finding) + (" (details: the live_findings table)"
                                                     if finding["kind"] != "dead_rank" else ""))

@@ -15,6 +15,7 @@ they are never printed (``repr=False``) and never stored in DuckDB.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ from rankstream.schemas.config import Config, KafkaSettings, ProducerSettings
 from rankstream.schemas.errors import ConfigError
 
 __all__ = ["load_config", "with_overrides", "config_env", "env_flag", "ENV_PREFIX", "LaunchEnvironment",
-           "launch_environment", "enable_flight_recorder", "flight_recorder_buffer_size"]
+           "launch_environment", "enable_flight_recorder", "flight_recorder_buffer_size", "RunOptions",
+           "run_options", "run_environment", "record_endpoint", "forget_endpoint", "advertised_endpoint", "ENDPOINT_FILE", "requested_run_id"]
 
 ENV_PREFIX = "RANKSTREAM_"
 
@@ -78,7 +80,13 @@ def _read_file(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
     return flat, str(path)
 
 
-def _lookup(name: str, section: str | None, key: str, overrides, env, file_values, file_name):
+#: What ``rankstream up`` recorded in its state dir: the endpoint later commands and ranks use.
+ENDPOINT_FILE = "endpoint.json"
+#: The settings ``up`` records there (a flag, variable or config file still wins over them).
+_ENDPOINT_KEYS = ("broker_port", "kafka.bootstrap_servers", "db_path")
+
+
+def _lookup(name: str, section: str | None, key: str, overrides, env, file_values, file_name, endpoint=None):
     if name in overrides and overrides[name] is not None:
         return overrides[name], "override"
     env_name = _env_name(section, key)
@@ -92,11 +100,13 @@ def _lookup(name: str, section: str | None, key: str, overrides, env, file_value
             raise ConfigError(f"{env_name}_FILE={secret_path!r}: cannot read: {exc.strerror}") from exc
     if name in file_values:
         return file_values[name], f"config file {file_name}"
+    if endpoint and name in endpoint:
+        return endpoint[name], "the endpoint `rankstream up` recorded"
     return dataclasses.MISSING, ""
 
 
 def _build(overrides: Mapping[str, Any], env: Mapping[str, str], file_values: Mapping[str, Any],
-           file_name: str = "", base: Config | None = None) -> Config:
+           file_name: str = "", base: Config | None = None, endpoint: Mapping[str, Any] | None = None) -> Config:
     known = {f.name for f in dataclasses.fields(Config)} | {
         f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)
     }
@@ -110,7 +120,7 @@ def _build(overrides: Mapping[str, Any], env: Mapping[str, str], file_values: Ma
             if f.name in _SECTIONS:
                 continue
             name = f"{section}.{f.name}" if section else f.name
-            raw, source = _lookup(name, section, f.name, overrides, env, file_values, file_name)
+            raw, source = _lookup(name, section, f.name, overrides, env, file_values, file_name, endpoint)
             if raw is dataclasses.MISSING:
                 if current is not None:
                     values[f.name] = getattr(current, f.name)
@@ -134,7 +144,42 @@ def load_config(overrides: Mapping[str, Any] | None = None, *, env: Mapping[str,
     """Resolve the configuration from overrides, the environment, the config file and the defaults."""
     env = os.environ if env is None else env
     file_values, file_name = _read_file(env)
-    return _build(dict(overrides or {}), env, file_values, file_name)
+    config = _build(dict(overrides or {}), env, file_values, file_name)
+    endpoint = _read_endpoint(config.state_dir)
+    return _build(dict(overrides or {}), env, file_values, file_name, endpoint=endpoint) if endpoint else config
+
+
+def _read_endpoint(state_dir: Path) -> dict[str, Any]:
+    """The endpoint ``up`` recorded in ``state_dir`` (nothing when there is none, or it is unreadable)."""
+    try:
+        data = json.loads((state_dir / ENDPOINT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {key: data[key] for key in _ENDPOINT_KEYS if isinstance(data, dict) and data.get(key) is not None}
+
+
+def record_endpoint(config: Config, *, advertised: str | None = None) -> Path:
+    """Keep where ``up`` serves (its broker port, the address other nodes use, the database) in
+    its state dir, so that later commands and the ranks started from there find it."""
+    path = config.state_dir / ENDPOINT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {"broker_port": config.broker_port, "db_path": str(config.db_path.resolve()),
+              "kafka.bootstrap_servers": config.kafka.bootstrap_servers, "advertised": advertised}
+    path.write_text(json.dumps(values))
+    return path
+
+
+def advertised_endpoint(config: Config) -> str | None:
+    """The ``host:port`` other nodes use to reach this state dir's embedded broker, if ``up`` named one."""
+    try:
+        value = json.loads((config.state_dir / ENDPOINT_FILE).read_text()).get("advertised")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def forget_endpoint(config: Config) -> None:
+    (config.state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
 
 
 def config_env(config: Config) -> dict[str, str]:
@@ -166,6 +211,12 @@ class LaunchEnvironment:
     local_world_size: int | None
     run_id: str | None
     master: str | None
+    #: torchrun's agent serves a store at ``master`` (TORCHELASTIC_USE_AGENT_STORE): the ranks of
+    #: one launch can agree on a run id through it before any process group exists.
+    agent_store: bool = False
+    #: A launcher's id for this launch (SLURM job and step, PMIx namespace): shared by every rank
+    #: of the launch and by no other launch.
+    launcher_job: str | None = None
 
 
 def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
@@ -188,7 +239,56 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironmen
         rank=number("RANK"), world_size=number("WORLD_SIZE"), local_rank=number("LOCAL_RANK"),
         node_rank=number("GROUP_RANK") if number("GROUP_RANK") is not None else number("NODE_RANK"),
         local_world_size=number("LOCAL_WORLD_SIZE"), run_id=run_id or None, master=master,
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true", launcher_job=_launcher_job(env),
     )
+
+
+def requested_run_id() -> str | None:
+    """The run id the user chose for the next launch (RANKSTREAM_RUN_ID), if any."""
+    return os.environ.get(ENV_PREFIX + "RUN_ID") or None
+
+
+def _launcher_job(env: Mapping[str, str]) -> str | None:
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    namespace = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid")
+    return f"mpi-{namespace}" if namespace else None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``rankstream run`` tells the processes it launches (``RANKSTREAM_RUN_*``)."""
+
+    #: A profiler window opens every ``profile_every`` steps (0: never) and records ``profile_active``.
+    profile_every: int = 0
+    profile_active: int = 0
+    #: Where the ranks write Flight Recorder dumps and Python stacks when ``run`` asks them to.
+    run_dir: Path | None = None
+
+
+def run_options(env: Mapping[str, str] | None = None) -> RunOptions:
+    env = os.environ if env is None else env
+    try:
+        every, active = int(env.get(ENV_PREFIX + "RUN_PROFILE_EVERY", 0)), int(env.get(ENV_PREFIX + "RUN_PROFILE_ACTIVE", 0))
+    except ValueError:
+        every = active = 0
+    directory = env.get(ENV_PREFIX + "RUN_DIR")
+    return RunOptions(profile_every=max(every, 0), profile_active=max(active, 0),
+                      run_dir=Path(directory) if directory else None)
+
+
+def run_environment(options: RunOptions, run_id: str, bootstrap_dir: Path, fr_entries: int) -> dict[str, str]:
+    """The variables ``rankstream run`` adds to the job's environment: the run id, the bootstrap
+    directory first on PYTHONPATH, the Flight Recorder on (unless the user sized it), the options."""
+    path = os.pathsep.join(filter(None, [str(bootstrap_dir), os.environ.get("PYTHONPATH")]))
+    env = {ENV_PREFIX + "RUN_ID": run_id, "PYTHONPATH": path,
+           ENV_PREFIX + "RUN_PROFILE_EVERY": str(options.profile_every),
+           ENV_PREFIX + "RUN_PROFILE_ACTIVE": str(options.profile_active)}
+    if options.run_dir is not None:
+        env[ENV_PREFIX + "RUN_DIR"] = str(options.run_dir)
+    if flight_recorder_buffer_size() <= 0:
+        env["TORCH_FR_BUFFER_SIZE"] = str(fr_entries)
+    return env
 
 
 #: torch reads these before it creates a process group; older torch only knows the NCCL name.

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from rankstream.cli import analysis, data, demo, diagnosis, services  # noqa: F401  (they register the commands)
+from rankstream.cli import analysis, data, demo, diagnosis, run, services  # noqa: F401  (they register the commands)
 from rankstream.cli.app import app, errors, hoist_global_options
 from rankstream.schemas.errors import RankstreamError
 

@@ -98,10 +98,14 @@ def _global_options(
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
-    """``argv`` with the global options moved in front of the subcommand, wherever they were given."""
+    """``argv`` with the global options moved in front of the subcommand, wherever they were given
+    before ``--`` (what follows it is another program's command line: ``rankstream run -- ...``)."""
     front, rest, i = [], [], 0
     while i < len(argv):
         word = argv[i]
+        if word == "--":
+            rest += argv[i:]
+            break
         name = word.split("=", 1)[0]
         if name in GLOBAL_OPTIONS:
             if "=" in word:

@@ -53,3 +53,4 @@ def test_built_wheel_imports_every_package(tmp_path):
     files = probe(str(target))
     assert set(files) == set(PACKAGES)
     assert all(path.startswith(str(target)) for path in files.values()), files
+    assert (target / "rankstream" / "bootstrap" / "sitecustomize.py").is_file()  # what `rankstream run` puts on PYTHONPATH

@@ -286,6 +286,26 @@ def test_the_report_tells_a_healthy_run_from_one_never_analyzed(db):
         text[run] = console.export_text()
     assert "Collective findings: none (verdict: healthy)" in text["healthy"]
     assert "Collective findings: no data" in text["unchecked"]
+    assert "more than one process" not in text["healthy"]
+
+
+def test_the_report_and_status_warn_when_a_rank_came_from_two_processes(db, tmp_path):
+    from rich.console import Console
+
+    from rankstream.flows.report import gather_report, render_run_report
+    from rankstream.schemas.settings import load_config
+    from rankstream.status import collect_status, render_status
+
+    build_run(db, run_id="mixed", slow_rank=None, p2p=False)
+    with duckdb.connect(str(db)) as con:  # a second launch under the same run id: rank 2 again, another process
+        con.execute("INSERT INTO rank_metadata SELECT * REPLACE ('other' AS session_id) FROM rank_metadata "
+                    "WHERE run_id = 'mixed' AND rank = 2 LIMIT 1")
+    console = Console(record=True, width=200)
+    render_run_report("mixed", gather_report(db, "mixed"), console)
+    assert "rank(s) 2 were sent by more than one process" in console.export_text()
+    console = Console(record=True, width=200)
+    render_status(collect_status(load_config({"db_path": db, "state_dir": tmp_path / "state"}, env={})), console)
+    assert "1 rank(s) were sent by more than one process" in console.export_text()
 
 
 @given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50), st.booleans()), max_size=60))

@@ -1,0 +1,187 @@
+"""Capture inside a job nobody edited: what ``rankstream run``'s bootstrap does in each process.
+
+``install()`` (the bootstrap's only call, at interpreter start) imports nothing heavy: it waits
+for torch to load ``torch.distributed.distributed_c10d`` and wraps its ``init_process_group``.
+When a process creates its process group, and only then, rankstream starts there
+(:func:`start_rank`): the session (producer, Flight Recorder tap, clock sync), one step mark per
+training iteration from the optimizers' step hook, the periodic profiler windows ``run`` asked
+for, and a watcher that writes Flight Recorder dumps and Python stacks when ``run`` asks.
+Launcher agents and DataLoader workers never create a group, so they never start anything.
+
+Nothing here may break the job: every failure becomes one line on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import sys
+import threading
+
+__all__ = ["install", "start_rank", "IterationMarks"]
+
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def install() -> None:
+    """Wrap ``init_process_group`` as soon as torch defines it (at once if it already has)."""
+    if _C10D in sys.modules:
+        _wrap(sys.modules[_C10D])
+    elif not any(isinstance(finder, _C10dFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _C10dFinder())
+
+
+class _C10dFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when torch imports distributed_c10d, it has the usual finders load
+    it and wraps ``init_process_group`` before anything else can import the name."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _C10D:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _wrap(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _wrap(c10d) -> None:
+    original = c10d.init_process_group
+    if getattr(original, "__rankstream__", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _start_quietly()
+        return result
+
+    init_process_group.__rankstream__ = True
+    c10d.init_process_group = init_process_group
+
+
+_started = False
+
+
+def _start_quietly() -> None:
+    global _started
+    if _started:
+        return
+    _started = True
+    try:
+        start_rank()
+    except Exception as exc:  # the job goes on without capture, and says so once
+        print(f"rankstream: not capturing this rank: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+class IterationMarks:
+    """An optimizer step hook that marks one step per training iteration.
+
+    torch calls the hook once per ``optimizer.step()``. With several optimizers, an iteration
+    ends when an optimizer that already stepped in it steps again; optimizers created later (a
+    new one per epoch) join in without a special case."""
+
+    def __init__(self, on_iteration) -> None:
+        self._seen: set[int] = set()
+        self._on_iteration = on_iteration
+
+    def __call__(self, optimizer, args=None, kwargs=None) -> None:
+        key = id(optimizer)
+        if not self._seen or key in self._seen:
+            self._seen = {key}
+            try:
+                self._on_iteration()
+            except Exception:  # a step mark is never worth a training step
+                pass
+        else:
+            self._seen.add(key)
+
+
+def start_rank():
+    """Start rankstream in this process, whose process group was just created."""
+    import atexit
+    import warnings
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from rankstream import api
+    from rankstream.producers.profiler import periodic_windows
+    from rankstream.schemas.settings import run_options
+
+    session = api.init()
+    if session is None:  # RANKSTREAM_DISABLED
+        return None
+    options = run_options()
+    profiler = None
+    if options.profile_every and options.profile_active:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # torch warns at each window after the first that it dropped the previous one: that is the design
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        profiler = api.profile(schedule=periodic_windows(options.profile_every, options.profile_active),
+                               activities=activities)
+        profiler.start()
+        atexit.register(_stop_profiler, profiler)  # runs before the session's own exit hook (registered earlier)
+
+    def on_iteration() -> None:
+        api.step()
+        if profiler is not None:
+            profiler.step()
+
+    register_optimizer_step_post_hook(IterationMarks(on_iteration))
+    if options.run_dir is not None:
+        threading.Thread(target=_answer_dump_requests, args=(options.run_dir, session.rank),
+                         name="rankstream-dumps", daemon=True).start()
+    return session
+
+
+def _stop_profiler(profiler) -> None:
+    try:
+        profiler.stop()  # a window still open is streamed
+    except Exception as exc:
+        print(f"rankstream: the last profiler window was lost: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+#: ``run --on-hang dump`` writes this file in the run's directory; every rank answers each new one.
+DUMP_REQUEST = "dump.request"
+
+
+def _answer_dump_requests(run_dir, rank: int, poll_s: float = 0.5) -> None:
+    """Write this rank's Flight Recorder dump and Python stacks for each request, from this thread:
+    the main thread may be stuck in a collective (torch releases the GIL while it waits)."""
+    import faulthandler
+    import time
+
+    import torch
+
+    request = run_dir / DUMP_REQUEST
+    answered = None
+    while True:
+        time.sleep(poll_s)
+        try:
+            name = request.read_text().strip()
+        except OSError:
+            continue
+        if not name or name == answered:
+            continue
+        answered = name
+        folder = run_dir / name
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / f"stacks_rank{rank}.txt", "w") as stacks:
+                faulthandler.dump_traceback(stacks, all_threads=True)
+            # the JSON dump returns at once during a hung collective; the pickled one may wait for the timeout
+            dump = torch._C._distributed_c10d._dump_fr_trace_json()
+            (folder / f"rank_{rank}.json").write_bytes(dump if isinstance(dump, bytes) else dump.encode())
+        except Exception as exc:
+            print(f"rankstream: rank {rank} could not write its dump: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -1,0 +1,284 @@
+"""``rankstream run -- <launcher and script>``: capture and diagnose a job nobody edited.
+
+The job is started with the bootstrap directory first on PYTHONPATH (``rankstream/bootstrap``,
+whose ``sitecustomize`` hooks ``init_process_group``: see ``rankstream.autostart``), the run id,
+the endpoint and the Flight Recorder switched on in its environment. Before, the embedded broker
+and the materializer are started if none runs for this state dir (and only what was started here
+is stopped at the end). While the job runs, one status line every few seconds and the live root
+cause as soon as the hang watch finds one; ``--on-hang`` says what happens then. At the end, the
+analyses run and the verdict, the culprit, step times and the report and timeline paths are
+printed; the exit code is the job's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rankstream.autostart import DUMP_REQUEST
+from rankstream.consumers.materializer import status_path
+from rankstream.consumers.query import connect
+from rankstream.deploy.broker import broker_status
+from rankstream.schemas.config import Config
+from rankstream.schemas.settings import RunOptions, config_env, run_environment
+from rankstream.services import absolute, materializer_pid, stop_materializer, up
+from rankstream.status import live_findings
+
+__all__ = ["JobOptions", "run_job", "new_run_id", "BOOTSTRAP_DIR", "ON_HANG"]
+
+#: The directory ``run`` puts first on the job's PYTHONPATH: it holds only the bootstrap.
+BOOTSTRAP_DIR = Path(__file__).with_name("bootstrap")
+#: What ``--on-hang`` may say: report and wait, also dump every rank, or end the job.
+ON_HANG = ("wait", "dump", "kill")
+#: Flight Recorder entries per rank when the user did not size the ring.
+FR_ENTRIES = 2000
+#: After the job, how long to wait for the ranks' last events to be stored (a quarter of it after
+#: a failed job, whose dead ranks never say goodbye).
+DRAIN_S = 20.0
+#: How long a killed job may take to end before it is killed for good.
+KILL_GRACE_S = 10.0
+
+STEPS_SQL = """
+WITH marks AS (
+    SELECT rank, step, ts_ns FROM trace_events WHERE run_id = $1 AND cat = 'step' AND name = 'step' AND ph = 'i'
+    QUALIFY row_number() OVER (PARTITION BY rank ORDER BY ts_ns DESC) <= 11
+)
+SELECT rank, max(step) AS step, (max(ts_ns) - min(ts_ns)) / nullif(count(*) - 1, 0) / 1e6 AS recent_step_ms,
+       max(ts_ns) AS last_ns
+FROM marks GROUP BY rank ORDER BY rank
+"""
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    command: list[str]
+    run_id: str | None = None
+    #: A profiler window of ``profile_active`` steps every ``profile_every`` steps (0: none).
+    profile_every: int = 200
+    profile_active: int = 2
+    on_hang: str = "wait"
+    status_every_s: float = 5.0
+
+
+def new_run_id(command: list[str]) -> str:
+    """``<script>-<date>-<time>-<random>``: readable, and a different one for every launch."""
+    script = next((Path(word).stem for word in command if word.endswith(".py")), Path(command[0]).name)
+    script = re.sub(r"[^A-Za-z0-9_.-]+", "-", script)[:40] or "job"
+    return f"{script}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = print) -> int:
+    """Run the job under capture; returns its exit code (a signal N gives 128 + N)."""
+    config = absolute(config)
+    run_id = options.run_id or new_run_id(options.command)
+    run_dir = config.state_dir / "runs" / run_id
+    try:
+        started = _ensure_services(config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except Exception as exc:  # no capture is no reason to stop the job
+        say(f"rankstream: capture could not start ({type(exc).__name__}: {exc}); running the job without it")
+        return _exit_code(subprocess.call(options.command))
+    env = {**os.environ, **config_env(config),
+           **run_environment(RunOptions(options.profile_every, options.profile_active, run_dir), run_id,
+                             BOOTSTRAP_DIR, FR_ENTRIES)}
+    say(f"rankstream: run {run_id} -> {config.db_path}" + (f" (started {', '.join(started)})" if started else ""))
+    try:
+        job = subprocess.Popen(options.command, env=env, start_new_session=True)
+    except OSError as exc:
+        _stop(config, started)
+        say(f"rankstream: cannot start {options.command[0]}: {exc.strerror or exc}")
+        return 127
+    watch = _Watch(config, run_id, run_dir, options, say)
+    with _forwarding_signals(job):
+        killed = watch.follow(job)
+    code = _exit_code(job.returncode)
+    try:
+        watch.finish(drain_s=DRAIN_S if code == 0 else DRAIN_S / 4)
+    except Exception as exc:  # the job's own exit code still stands
+        say(f"rankstream: the end-of-run analysis failed: {type(exc).__name__}: {exc}")
+    finally:
+        _stop(config, started)
+    return code or (1 if killed else 0)
+
+
+def _ensure_services(config: Config) -> list[str]:
+    """Start the broker and materializer unless they run for this state dir; what was started."""
+    broker_was_up = not config.uses_embedded_broker or broker_status(config) is not None
+    materializer_was_up = materializer_pid(config) is not None
+    if broker_was_up and materializer_was_up:
+        return []
+    up(config)
+    return [name for name, was_up in (("broker", broker_was_up), ("materializer", materializer_was_up))
+            if not was_up]
+
+
+def _stop(config: Config, started: list[str]) -> None:
+    """Stop only what ``run`` started (the materializer first: it finishes its transaction)."""
+    if "materializer" in started:
+        stop_materializer(config)
+    if "broker" in started:
+        from rankstream.deploy.broker import stop_broker
+
+        stop_broker(config)
+
+
+@contextlib.contextmanager
+def _forwarding_signals(job: subprocess.Popen):
+    """Ctrl-C, SIGTERM and SIGHUP go to the whole job (its own session, so each arrives once)."""
+    def forward(number, frame):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, number)
+
+    previous = {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Watch:
+    """Status lines and live findings while the job runs; the verdict after."""
+
+    def __init__(self, config: Config, run_id: str, run_dir: Path, options: JobOptions, say) -> None:
+        self.config, self.run_id, self.run_dir, self.options, self.say = config, run_id, run_dir, options, say
+        self.reported: set[tuple] = set()
+        self.database = None
+
+    def _db(self):
+        if self.database is None:
+            self.database = connect(self.config.db_path, wait_s=2.0)
+        return self.database
+
+    def follow(self, job: subprocess.Popen) -> bool:
+        """Until the job ends; True if it was ended here (``--on-hang kill``)."""
+        next_status = time.monotonic() + self.options.status_every_s
+        while job.poll() is None:
+            time.sleep(0.5)
+            try:
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + self.options.status_every_s
+                    self.say(self.status_line())
+                if self._new_findings() and self.options.on_hang != "wait":
+                    if self.options.on_hang == "dump":
+                        self._dump()
+                    else:
+                        self.say("rankstream: --on-hang kill: ending the job")
+                        _end(job)
+                        return True
+            except Exception as exc:  # the database is busy or the materializer restarting: next time
+                self.say(f"rankstream: status unavailable: {type(exc).__name__}: {exc}"[:200])
+        return False
+
+    def status_line(self) -> str:
+        rows = self._db().arrow(STEPS_SQL, [self.run_id]).to_pylist()
+        lag = _ingest_lag(self.config)
+        if not rows:
+            return f"rankstream: {self.run_id}: no step yet" + lag
+        steps = [row["step"] for row in rows]
+        timed = [row for row in rows if row["recent_step_ms"] is not None]
+        slowest = max(timed, key=lambda row: row["recent_step_ms"], default=None)
+        text = (f"rankstream: {self.run_id}: {len(rows)} ranks at step {min(steps)}"
+                + (f"-{max(steps)}" if max(steps) != min(steps) else ""))
+        if slowest is not None:
+            text += f", slowest rank {slowest['rank']} ({slowest['recent_step_ms']:,.1f} ms/step)"
+        quiet_s = (time.time_ns() - max(row["last_ns"] for row in rows)) / 1e9
+        if quiet_s > 2 * self.options.status_every_s:
+            text += f", no new step for {quiet_s:,.0f} s"
+        return text + lag
+
+    def _new_findings(self) -> bool:
+        found = False
+        for finding in live_findings(self._db(), self.run_id):
+            key = (finding["kind"], finding["pg_name"], finding["seq"], tuple(finding["culprit_ranks"] or ()))
+            if key not in self.reported:
+                self.reported.add(key)
+                found = True
+                culprits = finding["culprit_ranks"] or []
+                self.say(f"rankstream: {finding['kind'].upper()}: {finding['detail']}"
+                         + (f" (culprit rank {', '.join(map(str, culprits))})" if culprits else ""))
+        return found
+
+    def _dump(self) -> None:
+        """Ask every rank of this node for its Flight Recorder dump and Python stacks."""
+        name = f"dump-{time.strftime('%H%M%S')}"
+        (self.run_dir / DUMP_REQUEST).write_text(name)
+        folder, deadline, count = self.run_dir / name, time.monotonic() + 10, -1
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            now = len(list(folder.glob("rank_*.json")))
+            if now and now == count:
+                break
+            count = now
+        self.say(f"rankstream: dumps of {max(count, 0)} rank(s) in {folder}; "
+                 f"rankstream diagnose {folder} --prefix rank_")
+
+    def finish(self, drain_s: float) -> None:
+        """Wait for the last events, run the analyses, print the verdict and where the report is."""
+        from rankstream.flows.collective_analysis import diagnose_run
+        from rankstream.flows.pipeline import analyze_everything
+        from rankstream.flows.report import gather_report, render_run_report
+        from rankstream.flows.timeline import write_timeline
+
+        self._drain(drain_s)
+        if not self._db().fetchall("SELECT count(*) FROM rank_metadata WHERE run_id = $1", [self.run_id])[0][0]:
+            self.say(f"rankstream: nothing was captured for {self.run_id} (no process created a process group)")
+            return
+        analyze_everything(self.config.db_path, self.run_id, collectives=False)
+        report, _ = diagnose_run(self.config.db_path, self.run_id)
+        self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
+        data = gather_report(self.config.db_path, self.run_id)
+        for row in data["steps"]:
+            self.say(f"  rank {row['rank']}: {row['steps']} steps, {row['step_ms']:,.1f} ms/step (mean)")
+        if not data["steps"]:
+            self.say("  no step times: the job stepped no optimizer and was not profiled")
+        report_path = self.run_dir / "report.txt"
+        with open(report_path, "w") as out:
+            from rich.console import Console
+
+            render_run_report(self.run_id, data, Console(file=out, width=160, color_system=None))
+        timeline = write_timeline(self.config.db_path, self.run_id, self.run_dir / "timeline.json.gz")
+        self.say(f"  report {report_path}; timeline {', '.join(map(str, timeline.files))}")
+
+    def _drain(self, seconds: float) -> None:
+        """Until every rank said goodbye (or ``seconds`` passed): the last batches are on their way."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            ended = self._db().fetchall("SELECT count(*) FROM runs WHERE run_id = $1 AND ended_at IS NOT NULL",
+                                        [self.run_id])[0][0]
+            if ended:
+                return
+            time.sleep(0.5)
+
+
+def _ingest_lag(config: Config) -> str:
+    try:
+        import json
+
+        lag = json.loads(status_path(config).read_text()).get("lag_messages")
+    except (OSError, ValueError):
+        return ""
+    return "" if lag is None else f", ingest lag {lag} messages"
+
+
+def _end(job: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGTERM)
+    try:
+        job.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()

@@ -1,0 +1,118 @@
+"""``rankstream run``: unmodified torchrun jobs on gloo, the real broker and materializer, DuckDB files."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from rankstream.schemas.settings import config_env
+
+from .conftest import cli, free_port
+
+pytestmark = pytest.mark.integration
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+def torchrun(script: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+            str(JOBS / script), *args]
+
+
+def run_id_of(output: str) -> str:
+    return re.search(r"rankstream: run (\S+) ->", output).group(1)
+
+
+def test_an_unmodified_script_is_captured_on_every_rank(make_config):
+    assert "rankstream" not in (JOBS / "plain_train.py").read_text().split('"""')[2]  # the code never names it
+    config = make_config(broker_port=free_port(), partitions=2)
+    result = cli(config, "run", "--profile-every", "5", "--active", "2", "--",
+                 *torchrun("plain_train.py", "--steps", "20"), check=False, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "HEALTHY" in result.stdout and "report " in result.stdout
+    run_id = run_id_of(result.stdout)
+    with duckdb.connect(str(config.db_path), read_only=True) as db:
+        marks = dict(db.execute("SELECT rank, count(*) FROM trace_events WHERE run_id = ? AND cat = 'step' "
+                                "GROUP BY rank", [run_id]).fetchall())
+        profiled = dict(db.execute("SELECT rank, count(*) FROM trace_events WHERE run_id = ? AND cat = 'cpu_op' "
+                                   "GROUP BY rank", [run_id]).fetchall())
+        entries = dict(db.execute("SELECT rank, count(*) FROM fr_entries WHERE run_id = ? GROUP BY rank",
+                                  [run_id]).fetchall())
+    assert marks == {0: 20, 1: 20}  # one mark per optimizer step
+    assert set(profiled) == {0, 1} and min(profiled.values()) > 0
+    assert set(entries) == {0, 1} and min(entries.values()) >= 20
+    assert (config.state_dir / "runs" / run_id / "report.txt").exists()
+    assert not (config.state_dir / "materializer.pid").exists()  # run stopped what it started
+
+
+def test_the_job_exit_code_is_returned_and_nothing_captured_is_said(make_config):
+    config = make_config(broker_port=free_port(), partitions=2)
+    result = cli(config, "run", "--", sys.executable, "-c", "import sys; sys.exit(3)", check=False, timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "nothing was captured" in result.stdout
+
+
+def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config):
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--no-profile", "--",
+               *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "8", "--timeout-s", "300")]
+    started = time.monotonic()
+    process = subprocess.Popen(command, env={**os.environ, **config_env(config)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    stalled_at = named_at = None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("STALL") and stalled_at is None:
+            stalled_at = time.monotonic()
+        if "culprit rank 1" in line and named_at is None:
+            named_at = time.monotonic()
+    code = process.wait(timeout=120)
+    output = "".join(lines)
+    assert code != 0, output
+    assert stalled_at is not None and named_at is not None, output
+    assert named_at - stalled_at <= 10, output
+    assert time.monotonic() - started < 200  # ended by run, not by the 300 s collective timeout
+
+
+def test_two_launches_on_the_same_master_port_are_two_runs(make_config, tmp_path):
+    config = make_config(broker_port=free_port())  # no broker there: the ranks spool, which is fine here
+    env = {**os.environ, **config_env(config), "RANKSTREAM_PRODUCER_CLOSE_TIMEOUT_S": "0.5"}
+    port = str(free_port())
+    seen = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                               "--master-port", port, str(JOBS / "init_train.py")], env=env, capture_output=True,
+                              text=True, timeout=180)
+        ids = {line.split()[2] for line in done.stdout.splitlines() if line.startswith("RUN_ID")}
+        assert len(ids) == 1, done.stdout + done.stderr  # both ranks agree
+        seen += ids
+    assert len(set(seen)) == 2
+
+
+def test_the_endpoint_chosen_at_up_is_used_by_later_commands(tmp_path):
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RANKSTREAM_")},
+           "RANKSTREAM_STATE_DIR": str(tmp_path / "state"), "RANKSTREAM_TOPIC_PREFIX": "endpoint"}
+
+    def rankstream(*args):
+        return subprocess.run([sys.executable, "-m", "rankstream", *args], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+
+    up = rankstream("up", "--broker-port", str(port), "--db", str(tmp_path / "chosen.duckdb"))
+    try:
+        assert up.returncode == 0, up.stderr
+        status = rankstream("status")
+        assert f"127.0.0.1:{port}" in status.stdout and "chosen.duckdb" in status.stdout, status.stdout
+        exports = rankstream("env").stdout
+        assert f"export RANKSTREAM_BROKER_PORT={port}" in exports
+    finally:
+        rankstream("down")
+    assert f"127.0.0.1:{port}" not in rankstream("status").stdout

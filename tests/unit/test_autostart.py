@@ -1,0 +1,103 @@
+"""The pieces of ``rankstream run`` that need no job: the bootstrap, step marks, windows, run ids,
+the endpoint ``up`` records, and the command line that passes the job's own options through."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rankstream.autostart import IterationMarks
+from rankstream.cli.app import hoist_global_options
+from rankstream.launcher import BOOTSTRAP_DIR, new_run_id
+from rankstream.producers.profiler import periodic_windows
+from rankstream.producers.session import resolve_identity
+from rankstream.schemas.settings import (
+    forget_endpoint,
+    launch_environment,
+    load_config,
+    record_endpoint,
+)
+
+
+def _marks(order):
+    marked = []
+    hook = IterationMarks(lambda: marked.append(len(marked)))
+    for optimizer in order:
+        hook(optimizer)
+    return len(marked)
+
+
+def test_one_mark_per_iteration_whatever_the_number_of_optimizers():
+    a, b, c = object(), object(), object()
+    assert _marks([a] * 5) == 5
+    assert _marks([a, b] * 4) == 4
+    assert _marks([a, b, a, b, c, b, c, b]) == 4  # a replaced by c from the third iteration on
+
+
+def test_windows_come_after_ten_steps_then_every_n():
+    from torch.profiler import ProfilerAction as A
+
+    action = periodic_windows(every=5, active=2)
+    actions = [action(step) for step in range(20)]
+    assert actions[:9] == [A.NONE] * 9
+    assert actions[9:14] == [A.WARMUP, A.RECORD, A.RECORD_AND_SAVE, A.NONE, A.NONE]
+    assert actions[14:19] == actions[9:14]
+    with pytest.raises(ValueError):
+        periodic_windows(every=3, active=2)
+
+
+def test_global_options_after_double_dash_belong_to_the_job():
+    argv = ["run", "--db", "x.duckdb", "--", "torchrun", "train.py", "--db", "theirs"]
+    assert hoist_global_options(argv) == ["--db", "x.duckdb", "run", "--", "torchrun", "train.py", "--db", "theirs"]
+
+
+def test_every_launch_gets_a_new_readable_run_id():
+    first, second = (new_run_id(["torchrun", "--nproc-per-node", "2", "path/to/train.py"]) for _ in range(2))
+    assert first != second and first.startswith("train-")
+    assert new_run_id(["srun", "python"]).startswith("srun-")
+
+
+def _python(code: str, pythonpath: list, **extra) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath)), **extra}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_the_bootstrap_chains_to_the_sitecustomize_it_hides_and_imports_nothing_heavy(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("print('the other sitecustomize ran')\n")
+    output = _python("import sys; print(sorted(m for m in ('torch', 'rankstream.api', 'duckdb', 'rankstream.autostart')"
+                     " if m in sys.modules))", [BOOTSTRAP_DIR, tmp_path])
+    assert "the other sitecustomize ran" in output
+    assert "['rankstream.autostart']" in output
+
+
+def test_the_bootstrap_wraps_init_process_group_once_torch_defines_it():
+    output = _python("import torch.distributed as d, torch.distributed.distributed_c10d as c;"
+                     "print(d.init_process_group.__rankstream__, c.init_process_group is d.init_process_group)",
+                     [BOOTSTRAP_DIR])
+    assert "True True" in output
+
+
+def test_the_endpoint_up_recorded_is_used_unless_something_explicit_says_otherwise(tmp_path):
+    state = tmp_path / "state"
+    chosen = load_config({"state_dir": state, "broker_port": 29555, "db_path": tmp_path / "mine.duckdb"}, env={})
+    record_endpoint(chosen)
+    later = load_config({"state_dir": state}, env={})
+    assert (later.broker_port, later.db_path) == (29555, (tmp_path / "mine.duckdb").resolve())
+    assert load_config({"state_dir": state}, env={"RANKSTREAM_BROKER_PORT": "29600"}).broker_port == 29600
+    forget_endpoint(chosen)
+    assert load_config({"state_dir": state}, env={}).broker_port == 29092
+
+
+def test_launcher_job_ids_and_the_agent_store_are_read_from_the_environment():
+    slurm = launch_environment({"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "3", "RANK": "1", "WORLD_SIZE": "2"})
+    assert resolve_identity(None, None, None, launch=slurm) == ("job-slurm-12.3", 1, 2)
+    assert launch_environment({"TORCHELASTIC_USE_AGENT_STORE": "True"}).agent_store
+    plain = launch_environment({"MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    first, _, _ = resolve_identity(None, 0, 1, launch=plain)
+    assert first == resolve_identity(None, 1, 1, launch=plain)[0]  # the ranks of one launch agree
+    assert first.startswith(f"job-h-1-{os.getppid()}.")  # the process that launched this one
