@@ -64,6 +64,8 @@ HAVING max(last_ns) > $now - $active AND (NOT bool_and(final) OR max(last_ns) > 
 
 #: How long after its last heartbeat a run that did not end cleanly is still judged.
 _ACTIVE_NS = 60 * 10**9
+#: How often a run whose every rank is making progress is judged (a stalled one: every pass).
+MOVING_EVERY_S = 10.0
 #: How long after a clean end a run is still judged (for disagreements whose entries came late).
 _ENDED_GRACE_NS = 10 * 10**9
 
@@ -92,8 +94,13 @@ def _key(run_id: str, f: Finding) -> tuple:
 
 
 def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, stall_s: float = 5.0,
-               dead_s: float = 5.0) -> tuple[set[str], list[tuple[str, Finding]]]:
-    """One pass over the active runs: the runs judged, and their current findings ``(run_id, finding)``."""
+               dead_s: float = 5.0, last_judged: dict[str, int] | None = None,
+               moving_every_s: float = MOVING_EVERY_S) -> tuple[set[str], list[tuple[str, Finding]]]:
+    """One pass over the active runs: the runs judged, and their current findings ``(run_id, finding)``.
+
+    With ``last_judged`` (run id -> when it was last judged, updated here), a run whose every rank
+    made progress within ``stall_s`` is judged only every ``moving_every_s``: nobody in it waits, so
+    only a disagreement could be found, and the pass cost cores a training job shares."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     database = Database.over(con, "live database")
     found, judged = [], set()
@@ -102,6 +109,9 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS, "grace": _ENDED_GRACE_NS}).fetchall():
         dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
         moved = {r: p or 0 for r, p in zip(ranks, progressed_ns)}
+        moving = not dead and not ended and all(moved[r] >= now_ns - stall_s * 1e9 for r in ranks)
+        if moving and last_judged is not None and now_ns - last_judged.get(run_id, 0) < moving_every_s * 1e9:
+            continue
         has_entries = con.execute("SELECT count(*) > 0 FROM fr_entries WHERE run_id = ?", [run_id]).fetchall()[0][0]
         if not has_entries:
             continue
@@ -110,6 +120,8 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
         if _ranks_with_entries_in_flight(con, run_id) & recently_stopped:
             continue  # their last calls are on the way: judge the run when they are stored
         judged.add(run_id)
+        if last_judged is not None:
+            last_judged[run_id] = now_ns
         try:
             report = diagnose_stored(database, run_id, dead=dead, live=True, tail=TAIL_RECORDS)
         except Exception as exc:  # one run's data must not stop the watch over the others: counted
@@ -177,6 +189,7 @@ class HangWatch:
         self._thread = threading.Thread(target=self._run, name="rankstream-hang-watch", daemon=True)
         self.passes = 0
         self.failures = 0
+        self._last_judged: dict[str, int] = {}
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -199,7 +212,8 @@ class HangWatch:
     def check(self, now_ns: int | None = None) -> list[tuple[str, Finding]]:
         now_ns = time.time_ns() if now_ns is None else now_ns
         try:
-            judged, found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead)
+            judged, found = watch_pass(self._cursor, now_ns=now_ns, stall_s=self._stall, dead_s=self._dead,
+                                       last_judged=self._last_judged)
         except WatchFailed as failed:  # keep what was judged, then report the rest
             record_episodes(self._cursor, failed.judged, failed.found, now_ns=now_ns)
             raise
@@ -211,6 +225,8 @@ class HangWatch:
 def record_episodes(cursor, judged: set[str], found: list[tuple[str, Finding]], *, now_ns: int) -> None:
     """Open an episode for each new finding, extend the ones still found, close the others of the
     runs judged in this pass (a run no longer judged keeps its episodes as they were)."""
+    if not judged and not found:
+        return  # nothing to open, extend or close: no transaction
     with transaction(cursor):
         open_rows = cursor.execute("SELECT run_id, kind, culprit_ranks, pg_name, seq FROM live_findings "
                                    "WHERE cleared_ns IS NULL").fetchall()

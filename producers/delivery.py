@@ -77,9 +77,12 @@ class Delivery:
     def __init__(self, transport: Transport, spool: Spool, max_inflight_bytes: int,
                  *, retry_interval_s: float = 1.0, resend_window_s: float = 60.0,
                  resend_window_bytes: int = 64 << 20, incarnation_check_s: float = 2.0,
-                 on_broker_reset: Callable[[], None] | None = None) -> None:
+                 on_broker_reset: Callable[[], None] | None = None,
+                 on_first_spool: Callable[[], None] | None = None) -> None:
         self._transport = transport
         self._spool = spool
+        #: Called once, the first time a message goes to the spool (the user is told where it waits).
+        self._on_first_spool = on_first_spool
         self._cap = max_inflight_bytes
         self._retry_interval = retry_interval_s
         self._on_broker_reset = on_broker_reset
@@ -312,6 +315,9 @@ class Delivery:
         if self._spool.append(message):
             with self._lock:
                 self._spooled += message.events
+            if self._on_first_spool is not None:
+                announce, self._on_first_spool = self._on_first_spool, None
+                announce()
         else:
             with self._lock:
                 self._dropped += message.events

@@ -20,7 +20,7 @@ from kafka.net.compat import KafkaNetClient
 
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable
-from rankstream.schemas.topics import all_topics
+from rankstream.schemas.topics import all_topics, requests_topic
 
 __all__ = ["client_options", "close_quietly", "describe", "ensure_topics", "existing_topics", "TopicIds", "unreachable"]
 
@@ -102,14 +102,16 @@ def existing_topics(config: Config, timeout_s: float = 5.0) -> set[str]:
 
 
 def ensure_topics(config: Config, timeout_s: float = 5.0) -> list[str]:
-    """Create rankstream's topics with ``config.partitions`` partitions if missing; returns their names."""
+    """Create rankstream's topics with ``config.partitions`` partitions if missing (the requests
+    topic with one); returns the event topics' names."""
     wanted = all_topics(config.topic_prefix)
+    partitions = {**{topic: config.partitions for topic in wanted}, requests_topic(config.topic_prefix): 1}
     admin = _admin(config, timeout_s)
     try:
-        missing = [t for t in wanted if t not in set(admin.list_topics())]
+        missing = [t for t in partitions if t not in set(admin.list_topics())]
         for topic in missing:
             try:
-                admin.create_topics([NewTopic(topic, num_partitions=config.partitions, replication_factor=1)])
+                admin.create_topics([NewTopic(topic, num_partitions=partitions[topic], replication_factor=1)])
             except TopicAlreadyExistsError:
                 pass  # another process created it first
     except BrokerUnavailable:

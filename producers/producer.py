@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -124,7 +125,8 @@ class Producer(SenderLoop):
                                   resend_window_s=settings.resend_window_s,
                                   resend_window_bytes=settings.resend_window_bytes,
                                   incarnation_check_s=settings.broker_check_s,
-                                  on_broker_reset=self._announce_again)
+                                  on_broker_reset=self._announce_again, on_first_spool=self._say_spooling)
+        self._spool_directory = spool.directory
         self._transport = transport
         self._flush_requested = threading.Event()
         self._flushed = threading.Event()
@@ -264,10 +266,27 @@ class Producer(SenderLoop):
         self._stopped.wait(self._close_timeout + 2.0)  # slack for a loaded machine; drain keeps a reserve too
         for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
             setattr(self, name, _noop)
-        return self.stats()
+        stats = self.stats()
+        if stats.events_spooled or stats.events_dropped:
+            _say(f"run {self.run_id} rank {self.rank}: {stats.events_sent:,} events sent, {stats.events_spooled:,} "
+                 f"spooled in {self._spool_directory}, {stats.events_dropped:,} dropped"
+                 + (" (`rankstream up` or `rankstream flush` delivers the spool)" if stats.events_spooled else ""))
+        return stats
+
+    def _say_spooling(self) -> None:
+        _say(f"run {self.run_id} rank {self.rank}: no broker at {self._config.bootstrap_servers}; events wait in "
+             f"{self._spool_directory} until `rankstream up` or `rankstream flush` delivers them")
 
     def __enter__(self) -> "Producer":
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+def _say(line: str) -> None:
+    """One line to the job's stderr, where its user looks (never raises into the caller)."""
+    try:
+        print(f"rankstream: {line}", file=sys.stderr, flush=True)
+    except Exception:  # a closed stderr at interpreter exit
+        pass

@@ -20,8 +20,10 @@ from rankstream.schemas.config import Config
 from rankstream.schemas.settings import LaunchEnvironment, flight_recorder_buffer_size
 from rankstream.producers.clock_sync import ClockRounds
 from rankstream.producers.flight_recorder import FlightRecorderTap
+from rankstream.producers.on_demand import OnDemandWindows
 from rankstream.producers.producer import Producer
 from rankstream.producers.profiler import ProfilerStream
+from rankstream.producers.requests import RequestListener
 
 __all__ = ["RankSession", "resolve_identity"]
 
@@ -112,7 +114,7 @@ class RankSession:
                  metadata: dict | None = None, fr_tap: bool = True, fr_interval_s: float = 1.0,
                  fr_full_every_s: float = 1.0,
                  clock_sync: bool = True, clock_sync_interval_s: float = 60.0, clock_sync_timeout_s: float = 10.0,
-                 producer: Producer | None = None) -> None:
+                 producer: Producer | None = None, requests: bool = False) -> None:
         self.run_id, self.rank, self.world_size = run_id, rank, world_size
         self.producer = producer or Producer(run_id=run_id, rank=rank, world_size=world_size, config=config,
                                              metadata=metadata)
@@ -123,6 +125,14 @@ class RankSession:
         self._stop = threading.Event()
         self._closed = False
         self._profiler_streams: list[ProfilerStream] = []
+        #: Windows ``rankstream profile`` asks for, read from the bus when ``requests`` is on.
+        self.windows = OnDemandWindows(self.producer, self.pid, self.profiler_stream)
+        #: True while another profiler of this process records (``rankstream run``'s periodic
+        #: windows): a requested window then waits for the next boundary, as Kineto runs one at a time.
+        self.other_profiler_busy = lambda: False
+        self._listener = RequestListener(config, run_id, rank, self.windows.request) if requests else None
+        if self._listener is not None:
+            self._listener.start()
         self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,
                                          local_world_size=launch.local_world_size, **_versions())
         self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s, full_every_s=fr_full_every_s,
@@ -138,7 +148,11 @@ class RankSession:
             self._clock_thread.start()
         self._install_hooks()
 
-    # -- profiler ---------------------------------------------------------------------------------
+    # -- steps and profiler -----------------------------------------------------------------------
+    def on_step(self) -> None:
+        """At a step boundary (``rankstream.step()``): open, advance or close a requested window."""
+        self.windows.on_step(self.step, wait=self.other_profiler_busy())
+
     def profiler_stream(self, then=None) -> ProfilerStream:
         stream = ProfilerStream(self.producer, self.rank, then=then)
         self._profiler_streams.append(stream)
@@ -206,6 +220,9 @@ class RankSession:
             self._clock_thread.join(min(self._clock_timeout, CLOCK_ROUND_GRACE_S))
         if self.tap:
             self.tap.stop(final_snapshot=True)
+        if self._listener is not None:
+            self._listener.stop()
+        self.windows.close()
         for stream in self._profiler_streams:
             stream.flush(timeout_s=10)
         self.producer.close(timeout_s)

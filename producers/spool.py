@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["Spool", "SpooledMessage"]
+from rankstream.schemas.processes import process_alive
+
+__all__ = ["Spool", "SpooledMessage", "left_behind"]
 
 _HEADER = struct.Struct("<HHII")
 _RESEND_BIT = 1 << 31
@@ -150,3 +152,17 @@ class Spool:
 
     def close(self) -> None:
         self._close_writer()
+
+
+def left_behind(root: Path) -> list[Path]:
+    """The segments under ``root`` that no running producer will send itself (the process that
+    wrote each is named in its file name), oldest first."""
+    found = []
+    for path in Path(root).glob("*/rank*/*.seg"):
+        try:
+            writer = int(path.stem.rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if not process_alive(writer):
+            found.append(path)
+    return sorted(found, key=lambda p: p.name)

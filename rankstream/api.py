@@ -67,7 +67,7 @@ def init(run_id: str | None = None, rank: int | None = None, world_size: int | N
             metadata=dict(metadata) if metadata else None,
             fr_tap=fr_tap and flight_recorder_buffer_size() > 0, fr_interval_s=fr_interval_s,
             fr_full_every_s=fr_full_every_s,
-            clock_sync=clock_sync, clock_sync_interval_s=clock_sync_interval_s,
+            clock_sync=clock_sync, clock_sync_interval_s=clock_sync_interval_s, requests=True,
         )
         return _session
 
@@ -144,6 +144,7 @@ def step(number: int | None = None) -> int | None:
         return None
     s.step = number if number is not None else (0 if s.step is None else s.step + 1)
     s.producer.emit("step", "step", "i", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(), step=s.step)
+    s.on_step()  # a window `rankstream profile` asked for opens, advances or closes here
     return s.step
 
 

@@ -131,11 +131,12 @@ def start_rank():
         profiler = api.profile(schedule=periodic_windows(options.profile_every, options.profile_active),
                                activities=activities)
         profiler.start()
+        session.other_profiler_busy = lambda: profiler.current_action != torch.profiler.ProfilerAction.NONE
         atexit.register(_stop_profiler, profiler)  # runs before the session's own exit hook (registered earlier)
 
     def on_iteration() -> None:
         api.step()
-        if profiler is not None:
+        if profiler is not None and not session.windows.active:  # one profiler at a time: a requested window first
             profiler.step()
 
     register_optimizer_step_post_hook(IterationMarks(on_iteration))

@@ -27,9 +27,10 @@ from rankstream.autostart import DUMP_REQUEST
 from rankstream.consumers.materializer import status_path
 from rankstream.consumers.query import connect
 from rankstream.deploy.broker import broker_status
-from rankstream.schemas.config import Config
-from rankstream.schemas.settings import RunOptions, config_env, run_environment
+from rankstream.schemas.config import Config, ProducerSettings
+from rankstream.schemas.settings import RunOptions, config_env, run_environment, with_overrides
 from rankstream.services import absolute, materializer_pid, stop_materializer, up
+from rankstream.spools import deliver_spools
 from rankstream.status import live_findings
 
 __all__ = ["JobOptions", "run_job", "new_run_id", "BOOTSTRAP_DIR", "ON_HANG"]
@@ -43,6 +44,10 @@ FR_ENTRIES = 2000
 #: After the job, how long to wait for the ranks' last events to be stored (a quarter of it after
 #: a failed job, whose dead ranks never say goodbye).
 DRAIN_S = 20.0
+#: How often the ranks cut a trace batch under ``run`` (unless configured): live status needs no
+#: more, and the default 0.1 s made the materializer's per-message cost take the cores a 2-rank
+#: job needed (docs/benchmarks.md).
+RUN_FLUSH_INTERVAL_S = 1.0
 #: How long a killed job may take to end before it is killed for good.
 KILL_GRACE_S = 10.0
 
@@ -78,10 +83,12 @@ def new_run_id(command: list[str]) -> str:
 def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = print) -> int:
     """Run the job under capture; returns its exit code (a signal N gives 128 + N)."""
     config = absolute(config)
+    if config.producer.flush_interval_s == ProducerSettings.flush_interval_s:
+        config = with_overrides(config, **{"producer.flush_interval_s": RUN_FLUSH_INTERVAL_S})
     run_id = options.run_id or new_run_id(options.command)
     run_dir = config.state_dir / "runs" / run_id
     try:
-        started = _ensure_services(config)
+        started = _ensure_services(config, say)
         run_dir.mkdir(parents=True, exist_ok=True)
     except Exception as exc:  # no capture is no reason to stop the job
         say(f"rankstream: capture could not start ({type(exc).__name__}: {exc}); running the job without it")
@@ -109,13 +116,16 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
     return code or (1 if killed else 0)
 
 
-def _ensure_services(config: Config) -> list[str]:
+def _ensure_services(config: Config, say) -> list[str]:
     """Start the broker and materializer unless they run for this state dir; what was started."""
     broker_was_up = not config.uses_embedded_broker or broker_status(config) is not None
     materializer_was_up = materializer_pid(config) is not None
     if broker_was_up and materializer_was_up:
         return []
     up(config)
+    delivery = deliver_spools(config)  # what earlier jobs left while nothing was up
+    if delivery is not None:
+        say(f"rankstream: {delivery.line()}")
     return [name for name, was_up in (("broker", broker_was_up), ("materializer", materializer_was_up))
             if not was_up]
 

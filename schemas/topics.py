@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from rankstream.schemas.envelope import Stream
 
-__all__ = ["Record", "topic_for", "all_topics", "message_key", "parse_message_key"]
+__all__ = ["Record", "topic_for", "all_topics", "requests_topic", "message_key", "parse_message_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,12 @@ def topic_for(prefix: str, stream: Stream) -> str:
 
 def all_topics(prefix: str) -> list[str]:
     return [topic_for(prefix, stream) for stream in Stream]
+
+
+def requests_topic(prefix: str) -> str:
+    """Where ``rankstream profile`` asks running ranks for windows: not an event stream, so it is
+    not in :func:`all_topics` and the materializer never reads it."""
+    return f"{prefix}.requests"
 
 
 def message_key(run_id: str, rank: int) -> bytes:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rankstream.cli.app import app, config, console, server_module
+from rankstream.cli.app import app, config, console, ranks_option, server_module
 from rankstream.schemas.settings import advertised_endpoint, config_env, requested_run_id
 
 
@@ -52,3 +52,25 @@ def env_command() -> None:
         if name.startswith("RANKSTREAM_PRODUCER_"):
             continue  # tuning, not where things are
         console.print(f"export {name}={shlex.quote(value)}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("profile", epilog="Example: rankstream profile --run train-20261126-101500-ab12 --ranks 0,3 --active 3")
+def profile_command(
+    run: str = typer.Option(..., "--run", help="The running job's run id (`rankstream status` lists them)."),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="Only these ranks, e.g. '0,3' (default: all)."),
+    active: int = typer.Option(3, "--active", min=1, max=1000, help="Steps the window records."),
+    wait: float = typer.Option(120.0, "--wait", min=1, help="Seconds to wait for the windows."),
+) -> None:
+    """Open a profiler window on a running job's ranks at their next step, with no daemon: works for
+    jobs started by `rankstream run` and for scripts that call rankstream.init()."""
+    selected = ranks_option(ranks)
+    summaries = server_module("remote_profile").request_profile(config(), run, sorted(selected) if selected else None,
+                                                                active, wait_s=wait)
+    for summary in summaries:
+        if summary.error:
+            console.print(f"rank {summary.rank}: no window: {summary.error}", markup=False, soft_wrap=True)
+            continue
+        top = ", ".join(f"{name} {ms:,.1f} ms" for name, ms in summary.top_ops)
+        console.print(f"rank {summary.rank}: {summary.events:,} events in {active} steps; top ops: {top or '-'}",
+                      markup=False, soft_wrap=True)
+    console.print(f"the windows are in the tables: rankstream timeline --run {run} -o {run}.json.gz")

@@ -45,6 +45,21 @@ def up() -> None:
     services = server_module("services").up(cfg)
     where = services.broker.bootstrap if services.broker else cfg.bootstrap_servers
     console.print(f"up: broker {where}, materializer pid {services.materializer_pid} -> {cfg.db_path}")
+    _deliver_spools(cfg)
+
+
+@app.command(epilog="Example: rankstream flush")
+def flush() -> None:
+    """Deliver the events producers left in this state dir's spool (their job ended with no broker)."""
+    if not _deliver_spools(config()):
+        console.print("nothing spooled")
+
+
+def _deliver_spools(cfg) -> bool:
+    delivery = server_module("spools").deliver_spools(cfg)
+    if delivery is not None:
+        console.print(delivery.line(), markup=False, highlight=False, soft_wrap=True)
+    return delivery is not None
 
 
 @app.command(epilog="Example: rankstream down")

@@ -80,3 +80,22 @@ def test_a_run_with_a_rank_whose_tap_has_not_reported_yet_is_not_judged():
                     [sent])
     judged, found = watch_pass(con, now_ns=now)
     assert judged == set() and found == []
+
+
+def _moving(con, now: int) -> None:
+    """Every rank's groups changed in its last heartbeat (0.5 s ago): the whole run is progressing."""
+    for (rank,) in con.execute("SELECT DISTINCT rank FROM heartbeats").fetchall():
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final, collectives) "
+                    "VALUES ('run', ?, 's', ?, false, ?)", [rank, now - SECOND // 2, json.dumps({"0": {"last": 2}})])
+
+
+def test_a_run_that_is_progressing_is_judged_less_often_and_a_stalled_one_every_pass():
+    now = time.time_ns()
+    con = _stored(now)
+    last_judged: dict[str, int] = {}
+    assert watch_pass(con, now_ns=now, last_judged=last_judged)[0] == {"run"}  # stalled for a minute
+    assert watch_pass(con, now_ns=now + 2 * SECOND, last_judged=last_judged)[0] == {"run"}
+    _moving(con, now + 4 * SECOND)
+    assert watch_pass(con, now_ns=now + 4 * SECOND, last_judged=last_judged)[0] == set()  # judged 2 s ago
+    _moving(con, now + 13 * SECOND)
+    assert watch_pass(con, now_ns=now + 13 * SECOND, last_judged=last_judged)[0] == {"run"}  # 10 s since

@@ -42,7 +42,7 @@ def streamed(tmp_path_factory, broker_port):
                           "broker_port": broker_port, "topic_prefix": f"readme{os.getpid()}"}, env={})
     script = next(body for body in PYTHON if body.startswith("# train.py"))
     (root / "train.py").write_text(script)
-    launch = next(line for line in SHELL_LINES if "torchrun" in line)
+    launch = next(line for line in SHELL_LINES if "torchrun" in line and not line.startswith("rankstream run"))
     variables, command = launch.split(" torchrun ")[0], "torchrun " + launch.split(" torchrun ")[1]
     env = {**os.environ, **config_env(config), **dict(v.split("=") for v in variables.split())}
     argv = [sys.executable, "-m", "torch.distributed.run", f"--master-port={free_port()}", *shlex.split(command)[1:]]

@@ -116,3 +116,28 @@ def test_the_endpoint_chosen_at_up_is_used_by_later_commands(tmp_path):
     finally:
         rankstream("down")
     assert f"127.0.0.1:{port}" not in rankstream("status").stdout
+
+
+def test_profile_opens_a_window_on_the_requested_rank_only(make_config):
+    config = make_config(broker_port=free_port(), partitions=2)
+    env = {**os.environ, **config_env(config)}
+    job = subprocess.Popen([sys.executable, "-m", "rankstream", "run", "--no-profile", "--run", "asked", "--",
+                            *torchrun("plain_train.py", "--steps", "4000")], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until both ranks are stepping
+            steps = cli(config, "sql", "SELECT count(DISTINCT rank) FROM trace_events WHERE run_id = 'asked' "
+                                       "AND cat = 'step'", "--csv", check=False).stdout.split()
+            if steps[-1:] == ["2"]:
+                break
+            time.sleep(1)
+        asked = cli(config, "profile", "--run", "asked", "--ranks", "1", "--active", "2", timeout=180)
+        assert "rank 1:" in asked.stdout and "rank 0:" not in asked.stdout, asked.stdout
+        assert re.search(r"rank 1: [1-9][0-9,]* events in 2 steps", asked.stdout), asked.stdout
+        profiled = cli(config, "sql", "SELECT DISTINCT rank FROM trace_events WHERE run_id = 'asked' "
+                                      "AND cat = 'cpu_op'", "--csv").stdout.split()
+        assert profiled[1:] == ["1"], profiled  # the other rank was never profiled
+    finally:
+        job.terminate()
+        job.communicate(timeout=120)

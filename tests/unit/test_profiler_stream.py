@@ -121,3 +121,39 @@ def batch_events(batch: TraceBatch) -> list[dict]:
     return [{**{name: values[codes[i]] for name, (codes, values) in strings.items()},
              **{name: (None if column[i] == NULL_INT else int(column[i])) for name, column in ints.items()},
              "args": args.get(i)} for i in range(batch.count)]
+
+
+def test_a_requested_window_opens_at_the_next_step_and_waits_while_another_profiler_records(make_config, bus):
+    from rankstream.producers.on_demand import WINDOW_MARK, OnDemandWindows
+    from rankstream.producers.requests import decode_request, profile_request
+
+    config = make_config()
+    producer = Producer(run_id="asked", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
+    stream = ProfilerStream(producer, rank=0)
+    windows = OnDemandWindows(producer, pid=1, make_stream=lambda: stream)
+    request = decode_request(json.dumps(profile_request("asked", [0], active=2)).encode())
+    windows.request(request)
+    windows.on_step(0, wait=True)  # another profiler records: not yet
+    assert not windows.active
+    steps = 0
+    for step in range(1, 6):
+        windows.on_step(step)
+        steps += windows.active
+        torch.mm(torch.randn(64, 64), torch.randn(64, 64))
+    assert steps == 2 and not windows.active and windows.failed == 0
+    stream.flush()
+    producer.close()
+    names = []
+    for envelope in read_all(bus, config.topic_prefix):
+        if envelope.kind is PayloadKind.TRACE_BATCH:
+            codes, values = envelope.payload.string_column("name")
+            names += [values[c] for c in codes]
+    assert names.count(WINDOW_MARK) == 2 and "aten::mm" in names
+
+
+@pytest.mark.parametrize("raw", [b"", b"[]", b'{"kind": "profile"}', b'{"kind": "profile", "id": "x", "active": 0}',
+                                 b'{"kind": "profile", "id": "x", "active": 2, "ranks": ["0"]}', b"\xff"])
+def test_anything_that_is_not_a_valid_request_is_ignored(raw):
+    from rankstream.producers.requests import decode_request
+
+    assert decode_request(raw) is None

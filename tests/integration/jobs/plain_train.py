@@ -24,14 +24,20 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=120)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--optimizers", type=int, default=1)
+    parser.add_argument("--width", type=int, default=64, help="model width (bench/run_overhead.py: bigger steps)")
+    parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    models = [torch.nn.Linear(64, 64) for _ in range(args.optimizers)]
+    models = [torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
+                                  torch.nn.Linear(args.width, args.width)) for _ in range(args.optimizers)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
+    warm = min(10, args.steps // 2)
     for step in range(args.steps):
-        data = torch.randn(32, 64)
+        if step == warm:
+            started = time.perf_counter()
+        data = torch.randn(args.batch, args.width)
         loss = sum(m(data).pow(2).mean() for m in models)
         loss.backward()
         for model in models:
@@ -46,6 +52,8 @@ def main() -> int:
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
+    if rank == 0 and args.steps > warm:
+        print(f"STEP_MS {(time.perf_counter() - started) * 1000 / (args.steps - warm):.3f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return args.exit_code

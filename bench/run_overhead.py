@@ -1,0 +1,84 @@
+"""What ``rankstream run`` costs an unmodified training job: its step time under ``run`` against
+the same script without it, measured in one run (issue 26's targets: <= 2% with profiling off,
+the Flight Recorder tap and step marks only; <= 5% with the default profiler windows).
+
+    python bench/run_overhead.py [--rounds 3] [--steps 600] [--width 1024]
+
+The job is tests/integration/jobs/plain_train.py (it never imports rankstream): 2 gloo ranks under
+torchrun, a 2-layer MLP, its gradients all-reduced every step; rank 0 prints its mean step time
+after 10 warm-up steps. The configurations alternate within each round so that drift on the
+machine hits all of them alike; the broker and materializer are started once, before, as a user
+who ran ``rankstream up`` would have them (on this 2-core machine they share the cores with the
+ranks, which a GPU job would not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "tests" / "integration" / "jobs" / "plain_train.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _step_ms(command: list[str], env: dict) -> float:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    found = re.search(r"STEP_MS ([0-9.]+)", done.stdout)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{' '.join(command[:6])}... failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                         f"{done.stderr[-2000:]}")
+    return float(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--width", type=int, default=1024)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="run-overhead-") as scratch:
+        env = {**os.environ, "RANKSTREAM_STATE_DIR": f"{scratch}/state", "RANKSTREAM_DB_PATH": f"{scratch}/bench.duckdb",
+               "RANKSTREAM_BROKER_PORT": str(_free_port())}
+        rankstream = [sys.executable, "-m", "rankstream"]
+        subprocess.run([*rankstream, "up"], env=env, check=True, capture_output=True)
+        try:
+            job = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(JOB),
+                   "--steps", str(args.steps), "--width", str(args.width), "--batch", "128"]
+            configurations = {
+                "plain torchrun": lambda: job,
+                "run --no-profile": lambda: [*rankstream, "run", "--no-profile", "--", *job],
+                "run (default windows)": lambda: [*rankstream, "run", "--", *job],
+            }
+            times: dict[str, list[float]] = {name: [] for name in configurations}
+            for round_number in range(args.rounds):
+                for name, command in configurations.items():
+                    times[name].append(_step_ms(command(), env))
+                print(f"round {round_number + 1}: " + ", ".join(f"{n} {t[-1]:.2f} ms" for n, t in times.items()),
+                      flush=True)
+        finally:
+            subprocess.run([*rankstream, "down"], env=env, capture_output=True)
+    base = statistics.median(times["plain torchrun"])
+    print(f"\n{args.steps} steps x 2 gloo ranks, width {args.width}, median of {args.rounds} rounds:")
+    print(f"{'configuration':24s} {'step ms':>9s} {'vs plain':>9s} {'target':>7s}")
+    for name, target in (("plain torchrun", None), ("run --no-profile", 2.0), ("run (default windows)", 5.0)):
+        median = statistics.median(times[name])
+        slower = (median / base - 1) * 100
+        verdict = "" if target is None else ("met" if slower <= target else "MISSED") + f" ({target:.0f}%)"
+        print(f"{name:24s} {median:9.2f} {slower:+8.1f}% {verdict}")
+
+
+if __name__ == "__main__":
+    main()
