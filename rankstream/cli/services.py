@@ -38,13 +38,27 @@ def broker_status_command() -> None:
     console.print(f"embedded broker: running at {state.bootstrap} (pid {state.pid})")
 
 
-@app.command(epilog="Example: rankstream up --db runs.duckdb")
-def up() -> None:
-    """Start the embedded broker (unless a cluster is configured) and a background materializer."""
-    cfg = config()
+@app.command(epilog="Example: rankstream up --db runs.duckdb; for other nodes: rankstream up --bind 0.0.0.0 "
+                     "--advertise node0.cluster")
+def up(
+    bind: Optional[str] = typer.Option(None, "--bind", help="Address the embedded broker listens on "
+                                                            "(default 127.0.0.1: this machine only)."),
+    advertise: Optional[str] = typer.Option(None, "--advertise", help="Host name other nodes reach it by "
+                                                                      "(default: the bound address, or this host)."),
+) -> None:
+    """Start the embedded broker (unless a cluster is configured) and a background materializer;
+    then deliver what jobs left in the spool while nothing was up."""
+    cfg = config(broker_bind=bind, broker_advertise=advertise)
+    if cfg.uses_embedded_broker and not cfg.broker_is_private:
+        errors.print(f"rankstream: warning: the broker listens on {cfg.broker_bind}:{cfg.broker_port}: anyone who "
+                     "reaches that port can write events into any run. Across untrusted networks use a Kafka "
+                     "cluster with SASL_SSL (docs/multinode.md).", markup=False, soft_wrap=True)
     services = server_module("services").up(cfg)
     where = services.broker.bootstrap if services.broker else cfg.bootstrap_servers
     console.print(f"up: broker {where}, materializer pid {services.materializer_pid} -> {cfg.db_path}")
+    if cfg.uses_embedded_broker and not cfg.broker_is_private:
+        console.print(f"other nodes: eval $(rankstream env) there, or RANKSTREAM_KAFKA_BOOTSTRAP_SERVERS="
+                      f"{cfg.broker_advertised}", markup=False, soft_wrap=True)
     _deliver_spools(cfg)
 
 

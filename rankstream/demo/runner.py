@@ -29,7 +29,8 @@ from rankstream.flows.timeline import write_timeline
 from rankstream.producers.producer import Producer
 from rankstream.schemas.config import Config
 from rankstream.schemas.settings import config_env
-from rankstream.services import absolute, down, materializer_pid, up
+from rankstream.schemas.settings import absolute_paths
+from rankstream.services import down, materializer_pid, up
 from rankstream.status import live_finding_line, live_findings
 
 __all__ = ["run_demo"]
@@ -138,7 +139,7 @@ def _wait_caught_up(database, run_id: str, timeout_s: float = 60.0) -> int:
 
 def run_demo(config: Config, *, ranks: int, steps: int, console: Console, fault: str = "none",
              fault_rank: int = 1, synthetic: bool = False) -> dict:
-    config = absolute(config)
+    config = absolute_paths(config)
     started_here = materializer_pid(config) is None
     services = up(config)
     run_id = f"demo-{uuid.uuid4().hex[:8]}"

@@ -141,3 +141,42 @@ def test_profile_opens_a_window_on_the_requested_rank_only(make_config):
     finally:
         job.terminate()
         job.communicate(timeout=120)
+
+
+def test_two_nodes_on_one_broker_make_one_run(make_config, tmp_path):
+    """Two torchrun launches as two nodes (--nnodes 2, node ranks 0 and 1), each under `run`: the
+    head runs the broker (bound to every address) and the materializer; the other node gets only
+    `rankstream env`'s exports and its own state dir, as on another machine."""
+    head = make_config(broker_port=free_port(), partitions=2)
+    head_env = {**os.environ, **config_env(head)}
+    up = cli(head, "up", "--bind", "0.0.0.0", "--advertise", "127.0.0.1")
+    assert "anyone who reaches that port" in up.stderr
+    try:
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in cli(head, "env").stdout.splitlines())
+        assert exports["RANKSTREAM_KAFKA_BOOTSTRAP_SERVERS"] == f"127.0.0.1:{head.broker_port}"
+        other_env = {**{k: v for k, v in os.environ.items() if not k.startswith("RANKSTREAM_")},
+                     "RANKSTREAM_KAFKA_BOOTSTRAP_SERVERS": exports["RANKSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
+                     "RANKSTREAM_TOPIC_PREFIX": exports["RANKSTREAM_TOPIC_PREFIX"],
+                     "RANKSTREAM_STATE_DIR": str(tmp_path / "other-node")}
+        port = str(free_port())
+
+        def node(rank: int, env: dict) -> subprocess.Popen:
+            command = [sys.executable, "-m", "rankstream", "run", "--no-profile", "--",
+                       sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+                       "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port,
+                       str(JOBS / "plain_train.py"), "--steps", "15"]
+            return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    cwd=tmp_path)
+
+        nodes = [node(0, head_env), node(1, other_env)]
+        outputs = [n.communicate(timeout=300)[0] for n in nodes]
+        assert [n.returncode for n in nodes] == [0, 0], outputs
+        assert "capturing into 127.0.0.1" in outputs[1]
+        run_id = run_id_of(outputs[0])
+        ranks = cli(head, "sql", f"SELECT list(DISTINCT rank ORDER BY rank) FROM trace_events WHERE run_id = '{run_id}' "
+                                 "AND cat = 'step'", "--csv").stdout.split("\n")[1]
+        assert ranks.strip('"') == "[0, 1, 2, 3]", ranks
+        runs = cli(head, "sql", "SELECT count(DISTINCT run_id) FROM ranks", "--csv").stdout.split()
+        assert runs[-1] == "1"
+    finally:
+        cli(head, "down", check=False)

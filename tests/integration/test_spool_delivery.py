@@ -32,7 +32,7 @@ def test_a_job_without_a_broker_says_where_its_events_wait_and_up_delivers_them(
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stderr.count("no broker at") == 1, done.stderr  # once, not per message
-        assert f"spooled in {config.spool_dir}" in done.stderr
+        assert f"left in the spool {config.spool_dir}" in done.stderr
     assert list(config.spool_dir.glob("offline/rank*/*.seg"))
     try:
         up = cli(config, "up")

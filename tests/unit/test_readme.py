@@ -12,5 +12,5 @@ def test_the_readme_is_at_most_250_lines():
 
 def test_the_readme_points_to_docs_that_exist():
     text = README.read_text()
-    for doc in ("docs/design.md", "docs/reliability.md", "docs/benchmarks.md"):
+    for doc in ("docs/design.md", "docs/reliability.md", "docs/benchmarks.md", "docs/multinode.md"):
         assert doc in text and (README.parent / doc).is_file(), doc
