@@ -17,7 +17,9 @@ for any capture through a broker and materializer on the job's own cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import re
 import socket
 import statistics
@@ -36,13 +38,30 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _step_ms(command: list[str], env: dict) -> float:
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _job(command: list[str], env: dict, services: list[int]) -> tuple[float, float, float]:
+    """(step ms, CPU s of the job's whole process tree, CPU s of the broker and materializer)."""
+    job_before, services_before = _children_cpu_s(), _cpu_s(services)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     found = re.search(r"STEP_MS ([0-9.]+)", done.stdout)
     if done.returncode != 0 or not found:
         raise SystemExit(f"{' '.join(command[:6])}... failed ({done.returncode}):\n{done.stdout[-2000:]}"
                          f"{done.stderr[-2000:]}")
-    return float(found.group(1))
+    return float(found.group(1)), _children_cpu_s() - job_before, _cpu_s(services) - services_before
 
 
 def main() -> None:
@@ -56,6 +75,8 @@ def main() -> None:
                "RANKSTREAM_BROKER_PORT": str(_free_port())}
         rankstream = [sys.executable, "-m", "rankstream"]
         subprocess.run([*rankstream, "up"], env=env, check=True, capture_output=True)
+        state = Path(scratch) / "state"
+        services = [int((state / "materializer.pid").read_text()), json.loads((state / "broker.json").read_text())["pid"]]
         try:
             job = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(JOB),
                    "--steps", str(args.steps), "--width", str(args.width), "--batch", "128"]
@@ -66,22 +87,31 @@ def main() -> None:
                 "run (default windows)": lambda: [*rankstream, "run", "--", *job],
             }
             times: dict[str, list[float]] = {name: [] for name in configurations}
+            cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in configurations}
             for round_number in range(args.rounds):
                 for name, command in configurations.items():
-                    times[name].append(_step_ms(command(), env))
+                    step_ms, job_cpu, services_cpu = _job(command(), env, services)
+                    times[name].append(step_ms)
+                    cpu[name].append((job_cpu, services_cpu))
                 print(f"round {round_number + 1}: " + ", ".join(f"{n} {t[-1]:.2f} ms" for n, t in times.items()),
                       flush=True)
         finally:
             subprocess.run([*rankstream, "down"], env=env, capture_output=True)
     base = statistics.median(times["plain torchrun"])
-    print(f"\n{args.steps} steps x 2 gloo ranks, width {args.width}, median of {args.rounds} rounds:")
-    print(f"{'configuration':24s} {'step ms':>9s} {'vs plain':>9s} {'target':>7s}")
+    base_cpu = statistics.median(j + s for j, s in cpu["plain torchrun"])
+    print(f"\n{args.steps} steps x 2 gloo ranks, width {args.width}, median of {args.rounds} rounds "
+          "(CPU: whole job tree plus broker and materializer, seconds per job):")
+    print(f"{'configuration':24s} {'step ms':>9s} {'min-max':>13s} {'vs plain':>9s} {'CPU s':>7s} "
+          f"{'of which services':>17s} {'extra CPU':>9s} {'target':>12s}")
     for name, target in (("plain torchrun", None), ("run, capture disabled", None), ("run --no-profile", 2.0),
                          ("run (default windows)", 5.0)):
         median = statistics.median(times[name])
         slower = (median / base - 1) * 100
+        total = statistics.median(j + s for j, s in cpu[name])
+        services_cpu = statistics.median(s for _, s in cpu[name])
         verdict = "" if target is None else ("met" if slower <= target else "MISSED") + f" ({target:.0f}%)"
-        print(f"{name:24s} {median:9.2f} {slower:+8.1f}% {verdict}")
+        print(f"{name:24s} {median:9.2f} {min(times[name]):6.1f}-{max(times[name]):<6.1f} {slower:+8.1f}% "
+              f"{total:7.1f} {services_cpu:17.1f} {(total / base_cpu - 1) * 100:+8.1f}% {verdict:>12s}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rankstream.schemas.config import EMBEDDED_HOST, Config
 from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
-from rankstream.schemas.processes import process_alive, stop_process
+from rankstream.schemas.processes import process_alive, stop_process, yield_to_training
 
 __all__ = ["BrokerState", "start_broker", "stop_broker", "broker_status", "broker_binary", "port_open"]
 
@@ -89,6 +89,7 @@ def start_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
              "--advertised-listener-url", f"tcp://{config.broker_advertised}",
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=yield_to_training,
         )
     try:
         _wait_listening(config, process, wait_s)

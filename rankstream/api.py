@@ -16,6 +16,7 @@ Every call is a no-op before ``init``, after ``shutdown`` and with ``enabled=Fal
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -25,6 +26,7 @@ from rankstream.producers.session import RankSession, _dist, resolve_identity
 from rankstream.schemas.config import Config
 from rankstream.schemas.settings import (
     enable_flight_recorder,
+    endpoint_mismatch,
     env_flag,
     flight_recorder_buffer_size,
     launch_environment,
@@ -62,8 +64,11 @@ def init(run_id: str | None = None, rank: int | None = None, world_size: int | N
             enable_flight_recorder(fr_buffer_size)
         launch = launch_environment()
         run_id, rank, world_size = resolve_identity(run_id, rank, world_size, launch=launch)
+        config = config or load_config()
+        if rank == 0 and (mismatch := endpoint_mismatch(config)):
+            print(f"rankstream: warning: {mismatch}", file=sys.stderr, flush=True)
         _session = RankSession(
-            run_id=run_id, rank=rank, world_size=world_size, config=config or load_config(), launch=launch,
+            run_id=run_id, rank=rank, world_size=world_size, config=config, launch=launch,
             metadata=dict(metadata) if metadata else None,
             fr_tap=fr_tap and flight_recorder_buffer_size() > 0, fr_interval_s=fr_interval_s,
             fr_full_every_s=fr_full_every_s,

@@ -183,6 +183,7 @@ def _answer_dump_requests(run_dir, rank: int, poll_s: float = 0.5) -> None:
                 faulthandler.dump_traceback(stacks, all_threads=True)
             # the JSON dump returns at once during a hung collective; the pickled one may wait for the timeout
             dump = torch._C._distributed_c10d._dump_fr_trace_json()
-            (folder / f"rank_{rank}.json").write_bytes(dump if isinstance(dump, bytes) else dump.encode())
+            # named as torch names its dumps (no suffix), for `rankstream diagnose DIR --prefix rank_`
+            (folder / f"rank_{rank}").write_bytes(dump if isinstance(dump, bytes) else dump.encode())
         except Exception as exc:
             print(f"rankstream: rank {rank} could not write its dump: {type(exc).__name__}: {exc}", file=sys.stderr)

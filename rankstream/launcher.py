@@ -42,6 +42,8 @@ DRAIN_S = 20.0
 #: more, and the default 0.1 s made the materializer's per-message cost take the cores a 2-rank
 #: job needed (docs/benchmarks.md).
 RUN_FLUSH_INTERVAL_S = 1.0
+#: How often the live findings are looked up (the hang watch itself passes every 2 s).
+FINDINGS_EVERY_S = 1.0
 #: How long a killed job may take to end before it is killed for good.
 KILL_GRACE_S = 10.0
 
@@ -212,7 +214,7 @@ class _Watch:
         """Until the job ends; True if it was ended here (``--on-hang kill``)."""
         next_status = time.monotonic() + self.options.status_every_s
         while job.poll() is None:
-            time.sleep(0.5)
+            time.sleep(FINDINGS_EVERY_S)
             try:
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + self.options.status_every_s
@@ -266,7 +268,7 @@ class _Watch:
         folder, deadline, count = self.run_dir / name, time.monotonic() + 10, -1
         while time.monotonic() < deadline:
             time.sleep(1.0)
-            now = len(list(folder.glob("rank_*.json")))
+            now = len(list(folder.glob("rank_*")))
             if now and now == count:
                 break
             count = now

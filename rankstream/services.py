@@ -28,7 +28,7 @@ from rankstream.flows.hang_watch import HangWatch
 from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
-from rankstream.schemas.processes import process_alive, stop_process
+from rankstream.schemas.processes import process_alive, stop_process, yield_to_training
 from rankstream.schemas.settings import absolute_paths, config_env, forget_endpoint, record_endpoint
 
 __all__ = ["up", "down", "materialize", "materializer_pid", "stop_materializer", "start_embedded_broker", "Services"]
@@ -86,7 +86,7 @@ def up(config: Config, wait_s: float = 30.0) -> Services:
         with open(config.state_dir / "materializer.log", "ab") as log:
             process = subprocess.Popen([sys.executable, "-m", "rankstream", "consume"], env=env,
                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=yield_to_training)
         pid = process.pid
         _pid_file(config).write_text(str(pid))
         deadline = time.monotonic() + wait_s

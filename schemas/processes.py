@@ -10,7 +10,19 @@ import os
 import signal
 import time
 
-__all__ = ["process_alive", "stop_process"]
+__all__ = ["process_alive", "stop_process", "yield_to_training"]
+
+#: How much lower the broker and materializer run than the job (``nice``): on the training node
+#: they take only the CPU the ranks leave (docs/benchmarks.md, `rankstream run`'s overhead).
+BACKGROUND_NICE = 10
+
+
+def yield_to_training() -> None:
+    """``preexec_fn`` of the background services: lower their CPU priority below the job's."""
+    try:
+        os.nice(BACKGROUND_NICE)
+    except OSError:  # not permitted: they run at the normal priority
+        pass
 
 
 def process_alive(pid: int) -> bool:

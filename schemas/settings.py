@@ -27,7 +27,8 @@ from rankstream.schemas.errors import ConfigError
 
 __all__ = ["load_config", "with_overrides", "config_env", "env_flag", "ENV_PREFIX", "LaunchEnvironment",
            "launch_environment", "enable_flight_recorder", "flight_recorder_buffer_size", "RunOptions",
-           "run_options", "run_environment", "record_endpoint", "forget_endpoint", "advertised_endpoint", "ENDPOINT_FILE", "requested_run_id", "absolute_paths"]
+           "run_options", "run_environment", "record_endpoint", "forget_endpoint", "advertised_endpoint", "ENDPOINT_FILE", "requested_run_id", "absolute_paths",
+           "endpoint_mismatch"]
 
 ENV_PREFIX = "RANKSTREAM_"
 
@@ -178,6 +179,20 @@ def advertised_endpoint(config: Config) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, str) else None
+
+
+def endpoint_mismatch(config: Config) -> str | None:
+    """Why ``config`` sends somewhere other than the broker ``up`` recorded in its state dir (a
+    variable set by hand, another user's broker on the default port), or None when it agrees."""
+    recorded = _read_endpoint(config.state_dir)
+    if not recorded:
+        return None
+    chosen = load_config({"state_dir": config.state_dir}, env={})
+    if chosen.bootstrap_servers == config.bootstrap_servers:
+        return None
+    return (f"events go to {config.bootstrap_servers}, but `rankstream up` in {config.state_dir} serves "
+            f"{chosen.bootstrap_servers}: another broker's materializer will store them (unset the variable "
+            "that says otherwise, or run `rankstream up` for it)")
 
 
 def absolute_paths(config: Config) -> Config:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -180,3 +183,42 @@ def test_two_nodes_on_one_broker_make_one_run(make_config, tmp_path):
         assert runs[-1] == "1"
     finally:
         cli(head, "down", check=False)
+
+
+def test_dump_on_hang_writes_every_rank_s_dump_and_stacks(make_config):
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "dump", "--no-profile", "--",
+               *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "6", "--timeout-s", "300")]
+    process = subprocess.Popen(command, env={**os.environ, **config_env(config)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    folder, lines = None, []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            found = re.search(r"dumps of \d+ rank\(s\) in (\S+);", line)
+            if found:
+                folder = Path(found.group(1))
+                break
+    finally:
+        process.send_signal(signal.SIGINT)  # forwarded to the whole job
+        rest, _ = process.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert folder is not None, output
+    assert sorted(p.name for p in folder.glob("rank_*")) == ["rank_0", "rank_1"], output
+    stacks = (folder / "stacks_rank1.txt").read_text()
+    assert "plain_train.py" in stacks  # where rank 1 is stuck (its sleep, outside any collective)
+    diagnosis = subprocess.run([sys.executable, "-m", "rankstream", "diagnose", str(folder), "--prefix", "rank_",
+                                "--json"], capture_output=True, text=True, timeout=120)
+    assert json.loads(diagnosis.stdout)["verdict"] != "healthy", diagnosis.stdout + diagnosis.stderr
+    assert process.returncode != 0
+
+
+def test_when_capture_cannot_start_the_job_still_runs_with_one_warning(make_config):
+    with socket.socket() as taken:  # another program holds the broker's port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = make_config(broker_port=taken.getsockname()[1])
+        result = cli(config, "run", "--", sys.executable, "-c", "print('the job ran')", check=False, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "running the job without it" in result.stdout and "the job ran" in result.stdout
+    assert result.stdout.count("rankstream:") == 1

@@ -101,3 +101,13 @@ def test_launcher_job_ids_and_the_agent_store_are_read_from_the_environment():
     first, _, _ = resolve_identity(None, 0, 1, launch=plain)
     assert first == resolve_identity(None, 1, 1, launch=plain)[0]  # the ranks of one launch agree
     assert first.startswith(f"job-h-1-{os.getppid()}.")  # the process that launched this one
+
+
+def test_a_producer_aimed_away_from_the_broker_up_recorded_is_told(tmp_path):
+    from rankstream.schemas.settings import endpoint_mismatch
+
+    state = tmp_path / "state"
+    record_endpoint(load_config({"state_dir": state, "broker_port": 29555}, env={}))
+    assert endpoint_mismatch(load_config({"state_dir": state}, env={})) is None
+    elsewhere = load_config({"state_dir": state}, env={"RANKSTREAM_BROKER_PORT": "29092"})
+    assert "serves 127.0.0.1:29555" in endpoint_mismatch(elsewhere)

@@ -52,11 +52,11 @@ print("ok", len(transport.sent))
 """ % (SERVER_AND_FLOWS,)
 
 
-def _without_extras(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _without_extras(tmp_path: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess:
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(BLOCKER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), **extra_env}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -79,3 +79,12 @@ def test_cli_help_runs_and_server_commands_name_the_extra(tmp_path):
     assert refused.returncode != 0
     assert refused.stderr.strip().count("\n") == 0, refused.stderr
     assert "pip install 'rankstream[server]'" in refused.stderr
+
+
+def test_run_on_a_node_without_the_server_extra_launches_and_captures(tmp_path):
+    """Another node of a multi-node job: the plain install, a remote broker, no materializer here."""
+    job = "import sys; print('the job ran'); sys.exit(4)"
+    result = _without_extras(tmp_path, "-m", "rankstream", "run", "--", sys.executable, "-c", job,
+                             RANKSTREAM_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1", RANKSTREAM_STATE_DIR=str(tmp_path / "s"))
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "capturing into 127.0.0.1:1" in result.stdout and "the job ran" in result.stdout

@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--optimizers", type=int, default=1)
     parser.add_argument("--width", type=int, default=64, help="model width (bench/run_overhead.py: bigger steps)")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--report-slow", action="store_true", help="print every step's time (rank 0)")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
@@ -34,7 +35,12 @@ def main() -> int:
                                   torch.nn.Linear(args.width, args.width)) for _ in range(args.optimizers)]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.01) for m in models]
     warm = min(10, args.steps // 2)
+    last = time.perf_counter()
     for step in range(args.steps):
+        now = time.perf_counter()
+        if args.report_slow and rank == 0 and step > 1:
+            print(f"STEP {step - 1} {(now - last) * 1000:.1f} ms", flush=True)
+        last = now
         if step == warm:
             started = time.perf_counter()
         data = torch.randn(args.batch, args.width)
