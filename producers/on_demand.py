@@ -73,7 +73,7 @@ class OnDemandWindows:
         profiler, request, self._profiler, self._request = self._profiler, self._request, None, None
         try:
             profiler.stop()  # hands the window to the stream's converter thread
-        except Exception as exc:
+        except Exception as exc:  # the window is lost, not the step: counted
             self.failed += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
         self._mark(request, "end", step)

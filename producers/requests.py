@@ -52,7 +52,7 @@ def decode_request(raw: bytes | None) -> dict[str, Any] | None:
 class RequestListener:
     """Reads the requests topic from its end; calls ``on_request(request)`` for this rank's."""
 
-    def __init__(self, config: Config, run_id: str, rank: int, on_request: Callable[[dict], None]) -> None:
+    def __init__(self, config: Config, run_id: str, *, rank: int, on_request: Callable[[dict], None]) -> None:
         self._config, self._run_id, self._rank, self._on_request = config, run_id, rank, on_request
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rankstream-requests", daemon=True)

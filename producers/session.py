@@ -135,7 +135,7 @@ class RankSession:
         #: True while another profiler of this process records (``rankstream run``'s periodic
         #: windows): a requested window then waits for the next boundary, as Kineto runs one at a time.
         self.other_profiler_busy = lambda: False
-        self._listener = RequestListener(config, run_id, rank, self.windows.request) if requests else None
+        self._listener = RequestListener(config, run_id, rank=rank, on_request=self.windows.request) if requests else None
         if self._listener is not None:
             self._listener.start()
         self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,

@@ -149,7 +149,7 @@ def start_rank():
 def _stop_profiler(profiler) -> None:
     try:
         profiler.stop()  # a window still open is streamed
-    except Exception as exc:
+    except Exception as exc:  # at exit: said once, the job ends as it would have
         print(f"rankstream: the last profiler window was lost: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
@@ -185,5 +185,5 @@ def _answer_dump_requests(run_dir, rank: int, poll_s: float = 0.5) -> None:
             dump = torch._C._distributed_c10d._dump_fr_trace_json()
             # named as torch names its dumps (no suffix), for `rankstream diagnose DIR --prefix rank_`
             (folder / f"rank_{rank}").write_bytes(dump if isinstance(dump, bytes) else dump.encode())
-        except Exception as exc:
+        except Exception as exc:  # a full disk or a refused dump: said, the next request tries again
             print(f"rankstream: rank {rank} could not write its dump: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -115,7 +115,7 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
 def _job_environment(config: Config, options: JobOptions, run_id: str, run_dir: Path) -> dict[str, str]:
     return {**os.environ, **config_env(config),
             **run_environment(RunOptions(options.profile_every, options.profile_active, run_dir), run_id,
-                              BOOTSTRAP_DIR, FR_ENTRIES, chosen=options.run_id is not None)}
+                              bootstrap_dir=BOOTSTRAP_DIR, fr_entries=FR_ENTRIES, chosen=options.run_id is not None)}
 
 
 def _elsewhere(config: Config) -> bool:

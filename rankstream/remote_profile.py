@@ -47,7 +47,7 @@ class WindowSummary:
     error: str | None = None
 
 
-def request_profile(config: Config, run_id: str, ranks: list[int] | None, active: int,
+def request_profile(config: Config, run_id: str, *, ranks: list[int] | None, active: int,
                     wait_s: float = 120.0) -> list[WindowSummary]:
     """Ask ``ranks`` of ``run_id`` (all its ranks when None) for a window of ``active`` steps and
     wait for it; the windows' summaries by rank."""

@@ -303,8 +303,8 @@ def run_options(env: Mapping[str, str] | None = None) -> RunOptions:
                       run_dir=Path(directory) if directory else None)
 
 
-def run_environment(options: RunOptions, run_id: str, bootstrap_dir: Path, fr_entries: int,
-                    *, chosen: bool) -> dict[str, str]:
+def run_environment(options: RunOptions, run_id: str, *, bootstrap_dir: Path, fr_entries: int,
+                    chosen: bool) -> dict[str, str]:
     """The variables ``rankstream run`` adds to the job's environment: the run id (``chosen`` by the
     user, else proposed: see ``LaunchEnvironment.run_proposal``), the bootstrap directory first on
     PYTHONPATH, the Flight Recorder on (unless the user sized it), the options."""

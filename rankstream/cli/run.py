@@ -64,8 +64,8 @@ def profile_command(
     """Open a profiler window on a running job's ranks at their next step, with no daemon: works for
     jobs started by `rankstream run` and for scripts that call rankstream.init()."""
     selected = ranks_option(ranks)
-    summaries = server_module("remote_profile").request_profile(config(), run, sorted(selected) if selected else None,
-                                                                active, wait_s=wait)
+    summaries = server_module("remote_profile").request_profile(config(), run, ranks=sorted(selected) if selected
+                                                                else None, active=active, wait_s=wait)
     for summary in summaries:
         if summary.error:
             console.print(f"rank {summary.rank}: no window: {summary.error}", markup=False, soft_wrap=True)
