@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from rankstream.producers.profiler import job_activities
+
 __all__ = ["OnDemandWindows", "WINDOW_MARK"]
 
 #: The instant event that opens and closes a requested window (args: request id, edge).
@@ -55,10 +57,7 @@ class OnDemandWindows:
         try:
             import torch  # the job's
 
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            profiler = torch.profiler.profile(activities=activities, record_shapes=True,
+            profiler = torch.profiler.profile(activities=job_activities(), record_shapes=True,
                                               on_trace_ready=self._make_stream())
             self._mark(request, "start", step)
             profiler.start()

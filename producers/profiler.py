@@ -29,7 +29,7 @@ import numpy as np
 from rankstream.producers.trace_columns import step_number, steps_by_pid, steps_column, trace_batches
 from rankstream.schemas.trace import NULL_INT
 
-__all__ = ["ProfilerStream", "profile", "periodic_windows", "window_columns"]
+__all__ = ["ProfilerStream", "profile", "periodic_windows", "window_columns", "job_activities"]
 
 _INSTANT_TYPES = frozenset({"cpu_instant_event"})
 
@@ -229,3 +229,13 @@ def periodic_windows(every: int, active: int, first: int = 10) -> Callable[[int]
         return actions.RECORD_AND_SAVE if phase == active else actions.NONE
 
     return action
+
+
+def job_activities() -> list:
+    """What a window of a job nobody configured records: the CPU, and CUDA when torch sees a GPU."""
+    import torch  # the job brings torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities

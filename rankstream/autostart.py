@@ -114,7 +114,7 @@ def start_rank():
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from rankstream import api
-    from rankstream.producers.profiler import periodic_windows
+    from rankstream.producers.profiler import job_activities, periodic_windows
     from rankstream.schemas.settings import run_options
 
     session = api.init()
@@ -123,13 +123,10 @@ def start_rank():
     options = run_options()
     profiler = None
     if options.profile_every and options.profile_active:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
         # torch warns at each window after the first that it dropped the previous one: that is the design
         warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
         profiler = api.profile(schedule=periodic_windows(options.profile_every, options.profile_active),
-                               activities=activities)
+                               activities=job_activities())
         profiler.start()
         session.other_profiler_busy = lambda: profiler.current_action != torch.profiler.ProfilerAction.NONE
         atexit.register(_stop_profiler, profiler)  # runs before the session's own exit hook (registered earlier)

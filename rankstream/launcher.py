@@ -93,11 +93,9 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
         return _exit_code(subprocess.call(options.command))
     env = _job_environment(config, options, run_id, run_dir)
     say(f"rankstream: run {run_id} -> {config.db_path}" + (f" (started {', '.join(started)})" if started else ""))
-    try:
-        job = subprocess.Popen(options.command, env=env, start_new_session=True)
-    except OSError as exc:
+    job = _start_job(options.command, env, say)
+    if job is None:
         _stop(config, started)
-        say(f"rankstream: cannot start {options.command[0]}: {exc.strerror or exc}")
         return 127
     watch = _Watch(config, run_id, run_dir, options, say)
     with _forwarding_signals(job):
@@ -118,6 +116,15 @@ def _job_environment(config: Config, options: JobOptions, run_id: str, run_dir: 
                               bootstrap_dir=BOOTSTRAP_DIR, fr_entries=FR_ENTRIES, chosen=options.run_id is not None)}
 
 
+def _start_job(command: list[str], env: dict[str, str], say) -> subprocess.Popen | None:
+    """The job in a session of its own (signals are forwarded to all of it); None if it cannot start."""
+    try:
+        return subprocess.Popen(command, env=env, start_new_session=True)
+    except OSError as exc:
+        say(f"rankstream: cannot start {command[0]}: {exc.strerror or exc}")
+        return None
+
+
 def _elsewhere(config: Config) -> bool:
     """Whether the events go to a broker whose materializer runs on another machine (another node
     of a multi-node job, or a cluster): then this node only launches and captures."""
@@ -135,11 +142,8 @@ def _run_on_another_node(config: Config, options: JobOptions, run_id: str, run_d
     run_dir.mkdir(parents=True, exist_ok=True)
     say(f"rankstream: capturing into {config.bootstrap_servers}; live status and the report are where the "
         "materializer runs (`rankstream status` there)")
-    try:
-        job = subprocess.Popen(options.command, env=_job_environment(config, options, run_id, run_dir),
-                               start_new_session=True)
-    except OSError as exc:
-        say(f"rankstream: cannot start {options.command[0]}: {exc.strerror or exc}")
+    job = _start_job(options.command, _job_environment(config, options, run_id, run_dir), say)
+    if job is None:
         return 127
     with _forwarding_signals(job):
         job.wait()
