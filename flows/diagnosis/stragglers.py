@@ -50,8 +50,9 @@ BATCHES = 8
 RELATIVE_FLOOR = 0.1
 #: The share of a rank's excesses left out at each end before averaging them.
 TRIM = 0.1
-#: A rank needs this many judged collectives before it can be called a straggler (one per stretch).
-MIN_COLLECTIVES = BATCHES
+#: A rank needs this many judged collectives before it can be called a straggler: three per
+#: stretch, or a stretch's "mean" is one or two values and the standard error is a guess.
+MIN_COLLECTIVES = 3 * BATCHES
 
 
 @dataclass(frozen=True)

@@ -122,15 +122,18 @@ def test_an_unfinished_send_without_its_receive_waits_for_the_receiver():
 
 def test_stragglers_need_lateness_beyond_the_noise():
     rng = np.random.default_rng(0)
-    def run(late_ms, noise_ms, ranks=4, steps=40):
+    def run(late_ms, noise_ms, ranks=4, steps=40, late_rank=2):
         programs = {r: [("all_reduce", 8, "completed", int(1e9 + s * 1e8 + rng.normal(0, noise_ms) * 1e6
-                                                          + (late_ms * 1e6 if r == 2 else 0)))
+                                                          + (late_ms * 1e6 if r == late_rank else 0)))
                         for s in range(steps)] for r in range(ranks)}
         entries, dumped = job(programs)
         return find_stragglers(collective_calls(entries), {0: ranks})
     assert [s.rank for s in run(late_ms=20, noise_ms=0.1)] == [2]
     assert run(late_ms=0, noise_ms=3) == []
     assert run(late_ms=0.3, noise_ms=0.05, ranks=2) == []  # a pair where one is always a little later
+    pair = dict(late_ms=20, noise_ms=0.5, ranks=2, late_rank=1)
+    assert [s.rank for s in run(**pair, steps=30)] == [1]
+    assert run(**pair, steps=12) == []  # too few collectives to know the noise
 
 
 def test_a_shifted_stretch_is_found_where_it_began():
