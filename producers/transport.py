@@ -13,6 +13,7 @@ A transport has four calls, all made from the producer's sender thread only:
 
 from __future__ import annotations
 
+import atexit
 import logging
 from typing import Callable, Protocol
 
@@ -98,6 +99,10 @@ class KafkaTransport:
                 enable_idempotence=True,
                 acks="all",
             )
+            # kafka-python closes its producer at interpreter exit, before the session's own exit
+            # hook (registered earlier, so run later) hands it the last batches: they would all be
+            # spooled instead of sent. The session closes it, after draining.
+            atexit.unregister(getattr(self._producer, "_cleanup", None) or (lambda: None))
         except Exception as exc:  # unreachable broker, bad credentials, ...
             self.last_error = f"{type(exc).__name__}: {exc}"
             return False

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
+import os
 import sys
 import threading
 
@@ -138,6 +139,7 @@ def start_rank():
 
     register_optimizer_step_post_hook(IterationMarks(on_iteration))
     if options.run_dir is not None:
+        _tell_the_launcher(options.run_dir, session.run_id)
         threading.Thread(target=_answer_dump_requests, args=(options.run_dir, session.rank),
                          name="rankstream-dumps", daemon=True).start()
     return session
@@ -148,6 +150,22 @@ def _stop_profiler(profiler) -> None:
         profiler.stop()  # a window still open is streamed
     except Exception as exc:  # at exit: said once, the job ends as it would have
         print(f"rankstream: the last profiler window was lost: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+#: The ranks write the run id they agreed on in this file of the run's directory: ``run`` proposed
+#: one, but on a node without rank 0 another node's proposal wins.
+AGREED_RUN_ID = "run_id"
+
+
+def _tell_the_launcher(run_dir, run_id: str) -> None:
+    """Write the agreed run id for ``run`` (every rank of the node writes the same text)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        scratch = run_dir / f".{AGREED_RUN_ID}.{os.getpid()}"
+        scratch.write_text(run_id)
+        scratch.replace(run_dir / AGREED_RUN_ID)
+    except OSError as exc:  # the launcher then keeps its own proposal; the capture goes on
+        print(f"rankstream: cannot tell `run` the run id in {run_dir}: {exc}", file=sys.stderr)
 
 
 #: ``run --on-hang dump`` writes this file in the run's directory; every rank answers each new one.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rankstream.autostart import DUMP_REQUEST
+from rankstream.autostart import AGREED_RUN_ID, DUMP_REQUEST
 from rankstream.schemas.config import Config, ProducerSettings
 from rankstream.schemas.settings import RunOptions, absolute_paths, config_env, run_environment, with_overrides
 
@@ -219,6 +219,7 @@ class _Watch:
         next_status = time.monotonic() + self.options.status_every_s
         while job.poll() is None:
             time.sleep(FINDINGS_EVERY_S)
+            self.follow_agreed_id()
             try:
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + self.options.status_every_s
@@ -233,6 +234,16 @@ class _Watch:
             except Exception as exc:  # the database is busy or the materializer restarting: next time
                 self.say(f"rankstream: status unavailable: {type(exc).__name__}: {exc}"[:200])
         return False
+
+    def follow_agreed_id(self) -> None:
+        """Take the run id this node's ranks agreed on, if it is not the one proposed."""
+        try:
+            agreed = (self.run_dir / AGREED_RUN_ID).read_text().strip()
+        except OSError:
+            return
+        if agreed and agreed != self.run_id:
+            self.say(f"rankstream: the ranks joined run {agreed} (proposed by another node's `run`)")
+            self.run_id = agreed
 
     def status_line(self) -> str:
         rows = self._db().arrow(STEPS_SQL, [self.run_id]).to_pylist()
@@ -286,6 +297,7 @@ class _Watch:
         from rankstream.flows.report import gather_report, render_run_report
         from rankstream.flows.timeline import write_timeline
 
+        self.follow_agreed_id()
         self._drain(drain_s)
         if not self._db().fetchall("SELECT count(*) FROM rank_metadata WHERE run_id = $1", [self.run_id])[0][0]:
             self.say(f"rankstream: nothing was captured for {self.run_id} (no process created a process group)")

@@ -247,8 +247,11 @@ class LaunchEnvironment:
 def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
     """Read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, ...) and RANKSTREAM_RUN_ID.
 
-    ``run_id`` comes from RANKSTREAM_RUN_ID, else torchrun's TORCHELASTIC_RUN_ID; ``master`` is
-    MASTER_ADDR:MASTER_PORT, which every rank of one launch shares.
+    ``run_id`` comes from RANKSTREAM_RUN_ID, else torchrun's TORCHELASTIC_RUN_ID, unless
+    ``rankstream run`` proposed one: its proposal then goes through the store, so that the id the
+    user sees printed by ``run`` is the run's (torchrun without ``--master-port`` makes a random
+    rendezvous id of its own). ``master`` is MASTER_ADDR:MASTER_PORT, which every rank of one
+    launch shares.
     """
     env = os.environ if env is None else env
 
@@ -259,13 +262,14 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironmen
             return None
 
     master = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if "MASTER_ADDR" in env and "MASTER_PORT" in env else None
-    run_id = env.get(ENV_PREFIX + "RUN_ID") or env.get("TORCHELASTIC_RUN_ID")
+    proposal = env.get(ENV_PREFIX + "RUN_PROPOSAL") or None
+    run_id = env.get(ENV_PREFIX + "RUN_ID") or (None if proposal else env.get("TORCHELASTIC_RUN_ID"))
     return LaunchEnvironment(
         rank=number("RANK"), world_size=number("WORLD_SIZE"), local_rank=number("LOCAL_RANK"),
         node_rank=number("GROUP_RANK") if number("GROUP_RANK") is not None else number("NODE_RANK"),
         local_world_size=number("LOCAL_WORLD_SIZE"), run_id=run_id or None, master=master,
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true", launcher_job=_launcher_job(env),
-        run_proposal=env.get(ENV_PREFIX + "RUN_PROPOSAL") or None,
+        run_proposal=proposal,
     )
 
 

@@ -24,9 +24,11 @@ pytestmark = pytest.mark.integration
 JOBS = Path(__file__).parent / "jobs"
 
 
-def torchrun(script: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-            str(JOBS / script), *args]
+def torchrun(script: str, *args: str, master_port: bool = True) -> list[str]:
+    """torchrun on 2 ranks; without ``--master-port`` as most users type it (torchrun then makes a
+    random rendezvous id and picks a free port itself)."""
+    port = ["--master-port", str(free_port())] if master_port else []
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *port, str(JOBS / script), *args]
 
 
 def run_id_of(output: str) -> str:
@@ -37,9 +39,10 @@ def test_an_unmodified_script_is_captured_on_every_rank(make_config):
     assert "rankstream" not in (JOBS / "plain_train.py").read_text().split('"""')[2]  # the code never names it
     config = make_config(broker_port=free_port(), partitions=2)
     result = cli(config, "run", "--profile-every", "5", "--active", "2", "--",
-                 *torchrun("plain_train.py", "--steps", "20"), check=False, timeout=300)
+                 *torchrun("plain_train.py", "--steps", "20", master_port=False), check=False, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "HEALTHY" in result.stdout and "report " in result.stdout
+    assert "spool" not in result.stderr, result.stderr  # every event was sent, none left for later
     run_id = run_id_of(result.stdout)
     with duckdb.connect(str(config.db_path), read_only=True) as db:
         marks = dict(db.execute("SELECT rank, count(*) FROM trace_events WHERE run_id = ? AND cat = 'step' "
@@ -48,7 +51,8 @@ def test_an_unmodified_script_is_captured_on_every_rank(make_config):
                                    "GROUP BY rank", [run_id]).fetchall())
         entries = dict(db.execute("SELECT rank, count(*) FROM fr_entries WHERE run_id = ? GROUP BY rank",
                                   [run_id]).fetchall())
-    assert marks == {0: 20, 1: 20}  # one mark per optimizer step
+    assert marks == {0: 20, 1: 20}  # one mark per optimizer step, under the id `run` printed
+    assert re.search(r"rank 1: 1[89] steps", result.stdout), result.stdout
     assert set(profiled) == {0, 1} and min(profiled.values()) > 0
     assert set(entries) == {0, 1} and min(entries.values()) >= 20
     assert (config.state_dir / "runs" / run_id / "report.txt").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,3 +45,34 @@ def test_a_job_without_a_broker_says_where_its_events_wait_and_up_delivers_them(
         assert "nothing spooled" in cli(config, "flush").stdout
     finally:
         cli(config, "down", check=False)
+
+
+EXITS_WITHOUT_SHUTDOWN = """
+import time
+import rankstream
+rankstream.init(run_id="exits", rank=0, world_size=1)
+time.sleep(2)  # connected: the Kafka client's exit hook is registered after the session's
+for i in range(3000):
+    rankstream.instant("tick", i=i)
+"""
+
+
+def test_a_job_that_just_exits_sends_its_last_events_instead_of_spooling_them(live):
+    """The session's exit hook drains into the Kafka client; kafka-python's own exit hook, which
+    runs first, must not have closed the client by then."""
+    from rankstream.consumers.query import connect
+    from rankstream.schemas.settings import with_overrides
+
+    holding = with_overrides(live, **{"producer.flush_interval_s": 30.0})  # the ticks are still queued at exit
+    done = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN], env={**os.environ, **config_env(holding)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "spool" not in done.stderr, done.stderr
+    assert not list(live.spool_dir.glob("exits/rank*/*.seg"))
+    database, count = connect(live.db_path, wait_s=5.0), 0
+    for _ in range(80):
+        count = database.fetchall("SELECT count(*) FROM trace_events WHERE run_id = 'exits' AND name = 'tick'")[0][0]
+        if count == 3000:
+            break
+        time.sleep(0.25)
+    assert count == 3000

@@ -103,6 +103,31 @@ def test_launcher_job_ids_and_the_agent_store_are_read_from_the_environment():
     assert first.startswith(f"job-h-1-{os.getppid()}.")  # the process that launched this one
 
 
+def test_the_id_run_proposes_wins_over_torchruns_random_rendezvous_id():
+    """``torchrun --nproc-per-node 2`` without a port makes a random rendezvous id; under ``run``
+    the ranks take run's proposal (through the store), so run finds them under the id it printed."""
+    torchrun = {"TORCHELASTIC_RUN_ID": "3f1c-uuid", "RANK": "0", "WORLD_SIZE": "1"}
+    assert resolve_identity(None, None, None, launch=launch_environment(torchrun))[0] == "3f1c-uuid"
+    proposed = launch_environment({**torchrun, "RANKSTREAM_RUN_PROPOSAL": "train-1"})
+    assert resolve_identity(None, None, None, launch=proposed)[0] == "train-1"
+    chosen = launch_environment({**torchrun, "RANKSTREAM_RUN_PROPOSAL": "train-1", "RANKSTREAM_RUN_ID": "mine"})
+    assert resolve_identity(None, None, None, launch=chosen)[0] == "mine"
+
+
+def test_run_follows_the_id_its_ranks_agreed_on(tmp_path):
+    from rankstream.autostart import _tell_the_launcher
+    from rankstream.launcher import JobOptions, _Watch
+
+    said = []
+    watch = _Watch(load_config({"state_dir": tmp_path}, env={}), "proposed", tmp_path / "run", JobOptions(["x"]),
+                   said.append)
+    watch.follow_agreed_id()
+    assert watch.run_id == "proposed" and not said  # no rank wrote yet
+    _tell_the_launcher(tmp_path / "run", "node0-proposal")
+    watch.follow_agreed_id()
+    assert watch.run_id == "node0-proposal" and "node0-proposal" in said[0]
+
+
 def test_a_producer_aimed_away_from_the_broker_up_recorded_is_told(tmp_path):
     from rankstream.schemas.settings import endpoint_mismatch
 
