@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test test-unit test-integration bench bench-analysis clean
+.PHONY: setup browser demo test test-unit test-integration bench bench-analysis clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ DEMO_ARGS ?=
 demo: setup
 	$(VENV)/bin/rankstream demo $(DEMO_ARGS)
 
-test: setup
+# The HTML report's tests load pages in Debian's chromium (playwright cannot download a browser here).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+test: setup browser
 	$(PY) -m pytest -q tests
 
 test-unit: setup

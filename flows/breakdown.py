@@ -154,11 +154,11 @@ WITH steps AS (
     SELECT o.run_id, o.name, o.total_ns / greatest(s.steps, 1) / o.ranks AS per_step_ns
     FROM op_stats o JOIN steps s USING (run_id)
 ), metric AS (
-    SELECT 'step: ' || m.metric AS metric, m.value, s.run_id FROM steps s,
-    LATERAL (VALUES ('mean_ns', s.mean_step_ns), ('p50_ns', s.p50_step_ns), ('p90_ns', s.p90_step_ns),
-                    ('busy_ns', s.mean_busy_ns), ('communication_ns', s.mean_comm_ns)) m(metric, value)
+    SELECT 'step: ' || m.metric AS metric, m.value / 1e6 AS value, s.run_id FROM steps s,
+    LATERAL (VALUES ('mean_ms', s.mean_step_ns), ('p50_ms', s.p50_step_ns), ('p90_ms', s.p90_step_ns),
+                    ('busy_ms', s.mean_busy_ns), ('communication_ms', s.mean_comm_ns)) m(metric, value)
     UNION ALL
-    SELECT 'op per step per rank: ' || name, per_step_ns, run_id FROM ops
+    SELECT 'op ms per step per rank: ' || name, per_step_ns / 1e6, run_id FROM ops
 )
 SELECT metric, max(value) FILTER (WHERE run_id = $1) AS run_a, max(value) FILTER (WHERE run_id = $2) AS run_b,
        max(value) FILTER (WHERE run_id = $2) - max(value) FILTER (WHERE run_id = $1) AS delta,

@@ -307,16 +307,27 @@ class _Watch:
         self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
         data = gather_report(self.config.db_path, self.run_id)
         for row in data["steps"]:
-            self.say(f"  rank {row['rank']}: {row['steps']} steps, {row['step_ms']:,.1f} ms/step (mean)")
+            self.say(f"  rank {row['rank']}: {row['steps']} steps, p50 {row['p50_ms']:,.1f} ms, "
+                     f"p99 {row['p99_ms']:,.1f} ms, max {row['max_ms']:,.1f} ms")
         if not data["steps"]:
             self.say("  no step times: the job stepped no optimizer and was not profiled")
         report_path = self.run_dir / "report.txt"
         with open(report_path, "w") as out:
             from rich.console import Console
 
-            render_run_report(self.run_id, data, Console(file=out, width=160, color_system=None))
+            render_run_report(self.run_id, data, Console(file=out, color_system=None))
         timeline = write_timeline(self.config.db_path, self.run_id, self.run_dir / "timeline.json.gz")
-        self.say(f"  report {report_path}; timeline {', '.join(map(str, timeline.files))}")
+        self.say(f"  report {report_path}{self._html_report()}; timeline {', '.join(map(str, timeline.files))}")
+
+    def _html_report(self) -> str:
+        """The HTML report beside the text one, when the plotting extra is installed."""
+        from rankstream.flows.html_report import write_html_report
+        from rankstream.schemas.errors import ConfigError
+
+        try:
+            return f", {write_html_report(self.config.db_path, self.run_id, self.run_dir / 'report.html').path}"
+        except ConfigError:  # no plotly here: the text report is enough
+            return " (pip install 'rankstream[report]' for an HTML one)"
 
     def _drain(self, seconds: float) -> None:
         """Until every rank said goodbye (or ``seconds`` passed): the last batches are on their way."""

@@ -24,16 +24,27 @@ def analyze_run_command(
     console.print(f"analyzed {run}: " + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items()))
 
 
-@app.command(epilog="Example: rankstream report --run job-42 --compare job-41")
+@app.command(epilog="Example: rankstream report --run job-42 --compare job-41; "
+                     "rankstream report --run job-42 --html -o job-42.html --watch 10")
 def report(
     run: str = typer.Option(..., "--run", help="The run to report on."),
     compare: Optional[str] = typer.Option(None, "--compare", help="Another run: what changed from RUN to it."),
     no_refresh: bool = typer.Option(False, "--no-refresh", help="Do not run the analyses again first."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_html: bool = typer.Option(False, "--html", help="Write one self-contained HTML page of plots instead."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="With --html: the file (default RUN.html)."),
+    watch: Optional[float] = typer.Option(None, "--watch", min=1.0,
+                                          help="With --html: rewrite the page every N seconds while the run is "
+                                               "live; the page reloads itself."),
 ) -> None:
-    """The run's verdict, steps, slowness, communication and breakdown as text."""
+    """The run's verdict, steps, slowness, communication and breakdown as text, or as an HTML page."""
     pipeline, reporting = server_module("flows.pipeline"), server_module("flows.report")
     db_path = config().db_path
+    if as_html:
+        _html_report(run, output or Path(f"{run}.html"), watch=watch, refresh=not no_refresh)
+        return
+    if output is not None or watch is not None:
+        raise typer.BadParameter("-o and --watch go with --html")
     if not no_refresh:
         for name in (run, compare) if compare else (run,):
             pipeline.analyze_everything(db_path, name)
@@ -46,6 +57,25 @@ def report(
     reporting.render_run_report(run, data, console)
     if compare:
         reporting.render_comparison(run, compare, comparison, console=console)
+
+
+def _html_report(run: str, out: Path, *, watch: float | None, refresh: bool) -> None:
+    """Write the page once, or again every ``watch`` seconds until the run ends (Ctrl-C stops)."""
+    import time
+
+    pipeline, page = server_module("flows.pipeline"), server_module("flows.html_report")
+    db_path = config().db_path
+    while True:
+        if refresh:
+            pipeline.analyze_everything(db_path, run)
+        live = watch is not None and page.run_is_live(db_path, run)
+        written = page.write_html_report(db_path, run, out, refresh_s=watch if live else None)
+        console.print(f"wrote {written.path} ({written.bytes / 2**20:,.1f} MB, {written.charts} plots, "
+                      f"{written.seconds:.1f} s)" + (f"; the run is live: again in {watch:g} s" if live else ""),
+                      highlight=False)
+        if not live:
+            return
+        time.sleep(watch)
 
 
 _STEPS = typer.Option(None, "--steps", help="Only steps a:b (inclusive).")

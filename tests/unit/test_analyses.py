@@ -241,8 +241,8 @@ def test_two_runs_compare_step_time_and_ops(db):
     for run in (fast, slow):
         analyze_everything(db, run.run_id)
     diff = {r["metric"]: r for r in compare_runs(db, "fast", "slow")}
-    assert diff["step: mean_ns"]["delta"] == pytest.approx(30 * MS, rel=0.01)
-    assert "op per step per rank: aten::mm" in diff
+    assert diff["step: mean_ms"]["delta"] == pytest.approx(30, rel=0.01)  # ms, as everywhere in the report
+    assert "op ms per step per rank: aten::mm" in diff
 
 
 def test_analyses_refuse_an_unknown_run(db):
@@ -284,9 +284,30 @@ def test_the_report_tells_a_healthy_run_from_one_never_analyzed(db):
         assert report["findings"] == []
         render_run_report(run, report, console)
         text[run] = console.export_text()
-    assert "Collective findings: none (verdict: healthy)" in text["healthy"]
-    assert "Collective findings: no data" in text["unchecked"]
+    assert text["healthy"].splitlines()[1] == "verdict: HEALTHY: no problem found"
+    assert "Collective findings (the first is the root cause): none (verdict: healthy)" in text["healthy"]
+    assert text["unchecked"].splitlines()[1].startswith("verdict: no collective diagnosis")
+    assert "Collective findings (the first is the root cause): no data" in text["unchecked"]
     assert "more than one process" not in text["healthy"]
+    assert "slowest rank:" not in text["healthy"]  # every rank within noise: no headline
+
+
+def test_the_text_report_leads_with_the_verdict_and_fits_120_columns(db):
+    from rich.console import Console
+
+    from rankstream.flows.report import gather_report, render_run_report
+
+    build_run(db, run_id="slow", slow_rank=2, p2p=False)
+    analyze_everything(db, "slow", collectives=False)
+    console = Console(record=True, width=300)  # a wide terminal: the report still keeps to 120
+    render_run_report("slow", gather_report(db, "slow"), console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    assert lines[1].startswith("verdict:") and lines[2].startswith("slowest rank: 2")
+    steps = next(i for i, line in enumerate(lines) if line.startswith("Step time per rank (ms)"))
+    assert "p99_ms" in lines[steps + 2] and "worst_steps" in lines[steps + 2]
+    assert not any(header in line for line in lines for header in ("_ns ", "_us ", "offset_us"))
+    assert any(line.startswith("legend:") for line in lines)
 
 
 def test_the_report_and_status_warn_when_a_rank_came_from_two_processes(db, tmp_path):
