@@ -24,7 +24,7 @@ from rankstream.consumers.query import connect
 from rankstream.flows import report_charts as charts
 from rankstream.schemas.errors import BadInput, ConfigError
 
-__all__ = ["HtmlReport", "write_html_report", "plotly_js", "run_is_live"]
+__all__ = ["HtmlReport", "write_html_report", "html_report_if_possible", "plotly_js", "run_is_live"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,19 @@ def write_html_report(db_path: Path, run_id: str, out: Path, *, refresh_s: float
     body, figures = _sections(database, run_id)
     page = _page(run_id, body, figures, script, refresh_s)
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     scratch = out.with_name(f".{out.name}.{os.getpid()}")
     scratch.write_bytes(page)
     scratch.replace(out)
     return HtmlReport(out, len(page), time.perf_counter() - started, len(figures))
+
+
+def html_report_if_possible(db_path: Path, run_id: str, out: Path) -> str:
+    """For the end of ``run`` and the demo: the page's path, or how to get one (no plotting extra)."""
+    try:
+        return str(write_html_report(db_path, run_id, out).path)
+    except ConfigError:  # no plotly here: the text report is enough
+        return "no HTML report (pip install 'rankstream[report]')"
 
 
 def _sections(database, run_id: str) -> tuple[list[str], dict[str, dict]]:

@@ -179,9 +179,9 @@ def render_run_report(run_id: str, report: dict[str, list[dict]], console: Conso
         console.print(headline)
     has_gpu = any(report.get(name) for name in _GPU_ONLY)
     for name, title in _TITLES.items():
-        rows = report.get(name) or []
-        if name in _GPU_ONLY and not has_gpu:
-            continue
+        if name not in report or (name in _GPU_ONLY and not has_gpu):
+            continue  # a caller may ask for some sections only
+        rows = report[name]
         if rows:
             console.print(_table(title, rows))
         elif _ANALYSIS_OF.get(name) in analyzed:
@@ -189,7 +189,7 @@ def render_run_report(run_id: str, report: dict[str, list[dict]], console: Conso
             console.print(f"{title}: none" + (f" (verdict: {verdict_of})" if verdict_of else ""))
         else:
             console.print(f"{title}: [dim]no data[/]")
-    if not has_gpu:
+    if not has_gpu and "breakdown" in report:
         console.print("GPU analyses: no GPU events in this run (the breakdown above is of CPU ops)")
     console.print(LEGEND, style="dim")
 

@@ -181,17 +181,20 @@ def worst_steps(database, run_id: str, count: int = 10) -> list[dict]:
 
 _PROGRESS_SQL = """
 WITH latest AS (
-    SELECT pg_name, rank, collective_seq_id AS seq, arg_max(state, snapshot_ns) AS state
+    SELECT pg_name, rank, collective_seq_id AS seq, arg_max(state, snapshot_ns) AS state,
+           arg_max(profiling_name || ' ' || coalesce(sizes_key::VARCHAR, ''), snapshot_ns) AS call
     FROM fr_entries WHERE run_id = $1 AND NOT is_p2p AND collective_seq_id > 0 AND pg_name IN (SELECT unnest($2))
     GROUP BY ALL),
+majority AS (SELECT pg_name, seq, mode(call) AS usual FROM latest GROUP BY ALL),
 span AS (SELECT pg_name, min(seq) AS lo, max(seq) - min(seq) + 1 AS width FROM latest GROUP BY pg_name),
 binned AS (
-    SELECT l.pg_name, rank, seq, (seq - lo) * least($3, width) // width AS bin, least($3, width) AS bins,
-           CASE state WHEN 'completed' THEN 3 WHEN 'started' THEN 2 ELSE 1 END AS code
-    FROM latest l JOIN span USING (pg_name)),
+    SELECT l.pg_name, rank, l.seq, (l.seq - lo) * least($3, width) // width AS bin, least($3, width) AS bins,
+           CASE WHEN call <> usual THEN 4 WHEN state = 'completed' THEN 3 WHEN state = 'started' THEN 2 ELSE 1 END
+               AS code
+    FROM latest l JOIN span USING (pg_name) JOIN majority m USING (pg_name, seq)),
 per_bin AS (SELECT pg_name, bin, count(DISTINCT seq) AS seqs, min(seq) AS first_seq FROM binned GROUP BY ALL)
 SELECT b.pg_name, b.rank, b.bin, any_value(b.bins) AS bins, any_value(p.first_seq) AS first_seq,
-       CASE WHEN count(*) < any_value(p.seqs) THEN 0 ELSE min(b.code) END AS code, max(b.seq) AS last_seq
+       CASE WHEN max(b.code) = 4 THEN 4 WHEN count(*) < any_value(p.seqs) THEN 0 ELSE min(b.code) END AS code
 FROM binned b JOIN per_bin p USING (pg_name, bin) GROUP BY ALL
 """
 
@@ -203,51 +206,66 @@ SELECT pg_name, pg_desc, ranks, pg_name IN (SELECT pg_name FROM named) AS named 
 ORDER BY named DESC, ranks DESC, pg_name
 """
 
-_STATE_NAMES = ["no entry", "scheduled (gloo records no more)", "started", "completed"]
-_STATE_COLORS = [[0.0, "#d62728"], [0.25, "#d62728"], [0.25, "#c7c7c7"], [0.5, "#c7c7c7"],
-                 [0.5, "#ff9f1c"], [0.75, "#ff9f1c"], [0.75, "#2ca02c"], [1.0, "#2ca02c"]]
+_STATES = ["no entry", "scheduled (gloo records no more)", "started", "completed", "another op or size than its peers"]
+_STATE_COLORS = [[0.0, "#d62728"], [0.2, "#d62728"], [0.2, "#c7c7c7"], [0.4, "#c7c7c7"], [0.4, "#ff9f1c"],
+                 [0.6, "#ff9f1c"], [0.6, "#2ca02c"], [0.8, "#2ca02c"], [0.8, "#9467bd"], [1.0, "#9467bd"]]
 
 
 def collective_charts(database, run_id: str) -> tuple[list[Chart], int]:
     """Per process group: ranks against collective sequence number, coloured by how far each rank
     got (a bin shows its least advanced collective; "no entry" where the rank logged fewer of the
-    bin's collectives than the others). Also how many groups were left out."""
+    bin's collectives than the others; another op or size than the majority's wins over both), with
+    the findings' culprits marked. Also how many groups were left out."""
     groups = database.arrow(_GROUPS_SQL, [run_id]).to_pylist()
     chosen = groups[:MAX_GROUPS]
     if not chosen:
         return [], 0
     cells = database.arrow(_PROGRESS_SQL, [run_id, [g["pg_name"] for g in chosen], MAX_BINS])
+    findings = database.arrow("SELECT pg_name, seq, culprit_ranks, kind, detail FROM findings "
+                              "WHERE run_id = $1 AND seq IS NOT NULL", [run_id]).to_pylist()
+    names = np.array(cells["pg_name"].to_pylist(), dtype=object)
     charts = []
     for group in chosen:
-        mine = cells.filter(np.array(cells["pg_name"].to_pylist()) == group["pg_name"]) if cells.num_rows else cells
-        if not mine.num_rows:
-            continue
-        ranks = sorted(set(mine["rank"].to_pylist()))
-        bins = int(mine["bins"][0].as_py())
-        row_of = {r: i for i, r in enumerate(ranks)}
-        rows = np.array([row_of[r] for r in mine["rank"].to_pylist()], dtype=np.int64)
-        columns = mine["bin"].to_numpy().astype(np.int64)
-        code = np.zeros((len(ranks), bins))  # a rank with nothing in a bin logged none of it
-        code[rows, columns] = mine["code"].to_numpy()
-        first_seq = np.zeros(bins, dtype=np.int64)
-        first_seq[columns] = mine["first_seq"].to_numpy()
-        text = np.array(_STATE_NAMES, dtype=object)[code.astype(np.int64)]
-        heat = {"type": "heatmap", "z": code.tolist(), "x": first_seq.tolist(), "y": ranks, "zmin": 0, "zmax": 3,
-                "colorscale": _STATE_COLORS, "text": text.tolist(),
-                "colorbar": {"tickvals": [0.375, 1.125, 1.875, 2.625], "ticktext": ["none", "scheduled", "started",
-                                                                                   "completed"]},
-                "hovertemplate": "rank %{y}, collective #%{x}: %{text}<extra></extra>"}
-        described = group["pg_desc"] and group["pg_desc"] != "undefined"
-        name = group["pg_name"] + (f" ({group['pg_desc']})" if described else "")
-        charts.append(Chart(f"progress-{len(charts)}", f"Collective progress, group {name}",
-                            {"data": [heat], "layout": _layout("collective sequence number", "rank",
-                                                               _rows_height(len(ranks)),
-                                                               xaxis={"type": "category" if bins < 40 else "linear",
-                                                                      "title": {"text": "collective #"}},
-                                                               yaxis=_rank_axis(len(ranks)))},
-                            "Each rank's Flight Recorder entries by sequence number: a rank that stopped or "
-                            "skipped shows a different colour at the end of its row.", _rows_height(len(ranks))))
+        mine = cells.filter(names == group["pg_name"])
+        if mine.num_rows:
+            charts.append(_progress_chart(group, mine, [f for f in findings if f["pg_name"] == group["pg_name"]],
+                                          len(charts)))
     return charts, max(0, len(groups) - len(chosen))
+
+
+def _progress_chart(group: dict, cells, findings: list[dict], number: int) -> Chart:
+    ranks = sorted(set(cells["rank"].to_pylist()))
+    bins = int(cells["bins"][0].as_py())
+    row_of = {r: i for i, r in enumerate(ranks)}
+    rows = np.array([row_of[r] for r in cells["rank"].to_pylist()], dtype=np.int64)
+    columns = cells["bin"].to_numpy().astype(np.int64)
+    code = np.zeros((len(ranks), bins))  # a rank with nothing in a bin logged none of it
+    code[rows, columns] = cells["code"].to_numpy()
+    first_seq = np.zeros(bins, dtype=np.int64)
+    first_seq[columns] = cells["first_seq"].to_numpy()
+    text = np.array(_STATES, dtype=object)[code.astype(np.int64)]
+    heat = {"type": "heatmap", "z": code.tolist(), "x": first_seq.tolist(), "y": ranks, "zmin": 0, "zmax": 4,
+            "colorscale": _STATE_COLORS, "text": text.tolist(), "name": "",
+            "colorbar": {"tickvals": [0.4, 1.2, 2.0, 2.8, 3.6],
+                         "ticktext": ["none", "scheduled", "started", "completed", "differs"]},
+            "hovertemplate": "rank %{y}, collective #%{x}: %{text}<extra></extra>"}
+    data = [heat]
+    marks = [(f, rank) for f in findings for rank in f["culprit_ranks"] or [] if rank in row_of]
+    if marks:
+        at = np.clip(np.searchsorted(first_seq, [f["seq"] for f, _ in marks], side="right") - 1, 0, bins - 1)
+        data.append({"type": "scatter", "mode": "markers", "name": "culprit", "x": first_seq[at].tolist(),
+                     "y": [rank for _, rank in marks], "text": [f"{f['kind']}: {f['detail']}" for f, _ in marks],
+                     "marker": {"symbol": "x-thin-open", "size": 16, "line": {"width": 3}, "color": "#111"},
+                     "hovertemplate": "%{text}<extra>culprit</extra>"})
+    described = group["pg_desc"] and group["pg_desc"] != "undefined"
+    name = group["pg_name"] + (f" ({group['pg_desc']})" if described else "")
+    height = _rows_height(len(ranks))
+    layout = _layout("collective sequence number", "rank", height, showlegend=False,
+                     xaxis={"type": "category" if bins < 40 else "linear", "title": {"text": "collective #"}},
+                     yaxis=_rank_axis(len(ranks)))
+    return Chart(f"progress-{number}", f"Collective progress, group {name}", {"data": data, "layout": layout},
+                 "Each rank's Flight Recorder entries by sequence number: a rank that stopped, skipped or "
+                 "called something else stands out in its row; x marks a finding's culprit.", height)
 
 
 # -- where the time goes -------------------------------------------------------------------------

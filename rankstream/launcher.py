@@ -293,6 +293,7 @@ class _Watch:
     def finish(self, drain_s: float) -> None:
         """Wait for the last events, run the analyses, print the verdict and where the report is."""
         from rankstream.flows.collective_analysis import diagnose_run
+        from rankstream.flows.html_report import html_report_if_possible
         from rankstream.flows.pipeline import analyze_everything
         from rankstream.flows.report import gather_report, render_run_report
         from rankstream.flows.timeline import write_timeline
@@ -315,19 +316,10 @@ class _Watch:
         with open(report_path, "w") as out:
             from rich.console import Console
 
-            render_run_report(self.run_id, data, Console(file=out, color_system=None))
+            render_run_report(self.run_id, data, Console(file=out, width=120, color_system=None))
         timeline = write_timeline(self.config.db_path, self.run_id, self.run_dir / "timeline.json.gz")
-        self.say(f"  report {report_path}{self._html_report()}; timeline {', '.join(map(str, timeline.files))}")
-
-    def _html_report(self) -> str:
-        """The HTML report beside the text one, when the plotting extra is installed."""
-        from rankstream.flows.html_report import write_html_report
-        from rankstream.schemas.errors import ConfigError
-
-        try:
-            return f", {write_html_report(self.config.db_path, self.run_id, self.run_dir / 'report.html').path}"
-        except ConfigError:  # no plotly here: the text report is enough
-            return " (pip install 'rankstream[report]' for an HTML one)"
+        page = html_report_if_possible(self.config.db_path, self.run_id, self.run_dir / "report.html")
+        self.say(f"  report {report_path}, {page}; timeline {', '.join(map(str, timeline.files))}")
 
     def _drain(self, seconds: float) -> None:
         """Until every rank said goodbye (or ``seconds`` passed): the last batches are on their way."""

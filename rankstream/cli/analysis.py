@@ -70,9 +70,9 @@ def _html_report(run: str, out: Path, *, watch: float | None, refresh: bool) -> 
             pipeline.analyze_everything(db_path, run)
         live = watch is not None and page.run_is_live(db_path, run)
         written = page.write_html_report(db_path, run, out, refresh_s=watch if live else None)
-        console.print(f"wrote {written.path} ({written.bytes / 2**20:,.1f} MB, {written.charts} plots, "
+        console.print(f"wrote {written.path} ({written.bytes / 2**20:,.1f} MB, {written.charts} plot(s), "
                       f"{written.seconds:.1f} s)" + (f"; the run is live: again in {watch:g} s" if live else ""),
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
         if not live:
             return
         time.sleep(watch)

@@ -24,6 +24,7 @@ from rankstream.consumers.query import connect
 from rankstream.demo.job import JobSpec, read_reports, start_job
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 from rankstream.flows.pipeline import analyze_everything
+from rankstream.flows.html_report import html_report_if_possible
 from rankstream.flows.report import gather_report, render_run_report
 from rankstream.flows.timeline import write_timeline
 from rankstream.producers.producer import Producer
@@ -192,8 +193,9 @@ def _analyze(config: Config, run_id: str, console: Console) -> str:
     render_run_report(run_id, {k: report[k] for k in ("slowest", "findings", "analyses")}, console)
     path = Path(config.state_dir) / "timelines" / f"{run_id}.json.gz"
     write_timeline(config.db_path, run_id, path)
+    page = html_report_if_possible(config.db_path, run_id, Path(config.state_dir) / "reports" / f"{run_id}.html")
     console.print(f"timeline for chrome://tracing or ui.perfetto.dev: {path}\n"
-                  f"full report: rankstream report --run {run_id}")
+                  f"report page: {page}\nfull text report: rankstream report --run {run_id}")
     return str(path)
 
 

@@ -3,7 +3,9 @@ a hung gloo run, an imported GPU trace and 1024 ranks x 10,000 steps with one 40
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -86,6 +88,11 @@ def test_a_hung_run_names_its_culprit_on_a_page_that_draws_offline(live, hung_ru
     text = page.inner_text("#verdict")
     assert "root cause" in text and "rank 1" in text, text
     assert page.inner_text("body").index("Verdict") < page.inner_text("body").index("Collective progress")
+    marked = page.evaluate("() => document.getElementById('progress-0').data.filter(t => t.name === 'culprit')"
+                           ".map(t => t.y)")
+    assert marked == [[1]]  # the culprit's cell carries the finding's mark
+    last = page.evaluate("() => document.getElementById('progress-0').data[0].z.map(row => row[row.length - 1])")
+    assert last[1] != last[0] and last[0] == last[2] == last[3], last  # and its row ends unlike the others
     page.close()
 
 
@@ -123,3 +130,35 @@ def test_one_stalled_step_among_ten_million_shows(browser, tmp_path):
         return best; }""")
     assert hottest[0] == 40_000.0 and hottest[1] == 517, hottest  # its cell is the brightest, on its rank's row
     page.close()
+
+
+LIVE_JOB = """
+import time
+import rankstream
+rankstream.init(run_id="RUN", rank=0, world_size=1)
+for _ in range(30):
+    rankstream.step()
+    time.sleep(0.25)
+rankstream.shutdown()
+"""
+
+
+def test_watch_rewrites_a_self_reloading_page_while_the_run_is_live_then_stops(live, tmp_path):
+    run_id = f"w-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, **config_env(live)}
+    job = subprocess.Popen([sys.executable, "-c", LIVE_JOB.replace("RUN", run_id)], env=env)
+    database, deadline = connect(live.db_path), time.monotonic() + 30
+    while time.monotonic() < deadline and not database.fetchall(
+            "SELECT count(*) FROM heartbeats WHERE run_id = ?", [run_id])[0][0]:
+        time.sleep(0.2)
+    out = tmp_path / "live.html"
+    watch = subprocess.Popen([sys.executable, "-m", "rankstream", "report", "--run", run_id, "--html", "-o", str(out),
+                              "--watch", "1", "--no-refresh"], env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert b"http-equiv=refresh content=\"1\"" in out.read_bytes()  # the page reloads itself while live
+    job.wait(60)
+    said, _ = watch.communicate(timeout=120)  # the run ended: the watch writes once more and stops
+    assert watch.returncode == 0
+    lines = [line for line in said.splitlines() if line.startswith("wrote")]
+    assert len(lines) >= 2 and "the run is live" in lines[0] and "the run is live" not in lines[-1], said
+    assert b"http-equiv=refresh" not in out.read_bytes()
