@@ -53,15 +53,18 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _job(command: list[str], env: dict, services: list[int]) -> tuple[float, float, float]:
-    """(step ms, CPU s of the job's whole process tree, CPU s of the broker and materializer)."""
+def _job(command: list[str], env: dict, services: list[int]) -> tuple[float, float, float, float]:
+    """(step ms, rank 0's CPU ms per step, CPU s of the job's whole process tree, CPU s of the
+    broker and materializer)."""
     job_before, services_before = _children_cpu_s(), _cpu_s(services)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     found = re.search(r"STEP_MS ([0-9.]+)", done.stdout)
-    if done.returncode != 0 or not found:
+    rank_cpu = re.search(r"STEP_CPU_MS ([0-9.]+)", done.stdout)
+    if done.returncode != 0 or not found or not rank_cpu:
         raise SystemExit(f"{' '.join(command[:6])}... failed ({done.returncode}):\n{done.stdout[-2000:]}"
                          f"{done.stderr[-2000:]}")
-    return float(found.group(1)), _children_cpu_s() - job_before, _cpu_s(services) - services_before
+    return (float(found.group(1)), float(rank_cpu.group(1)), _children_cpu_s() - job_before,
+            _cpu_s(services) - services_before)
 
 
 def main() -> None:
@@ -87,11 +90,13 @@ def main() -> None:
                 "run (default windows)": lambda: [*rankstream, "run", "--", *job],
             }
             times: dict[str, list[float]] = {name: [] for name in configurations}
+            rank_cpu: dict[str, list[float]] = {name: [] for name in configurations}
             cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in configurations}
             for round_number in range(args.rounds):
                 for name, command in configurations.items():
-                    step_ms, job_cpu, services_cpu = _job(command(), env, services)
+                    step_ms, step_cpu_ms, job_cpu, services_cpu = _job(command(), env, services)
                     times[name].append(step_ms)
+                    rank_cpu[name].append(step_cpu_ms)
                     cpu[name].append((job_cpu, services_cpu))
                 print(f"round {round_number + 1}: " + ", ".join(f"{n} {t[-1]:.2f} ms" for n, t in times.items()),
                       flush=True)
@@ -101,8 +106,9 @@ def main() -> None:
     base_cpu = statistics.median(j + s for j, s in cpu["plain torchrun"])
     print(f"\n{args.steps} steps x 2 gloo ranks, width {args.width}, median of {args.rounds} rounds "
           "(CPU: whole job tree plus broker and materializer, seconds per job):")
-    print(f"{'configuration':24s} {'step ms':>9s} {'min-max':>13s} {'vs plain':>9s} {'CPU s':>7s} "
-          f"{'of which services':>17s} {'extra CPU':>9s} {'target':>12s}")
+    base_rank_cpu = statistics.median(rank_cpu["plain torchrun"])
+    print(f"{'configuration':24s} {'step ms':>9s} {'min-max':>13s} {'vs plain':>9s} {'rank CPU':>9s} "
+          f"{'vs plain':>9s} {'CPU s':>7s} {'of which services':>17s} {'extra CPU':>9s} {'target':>12s}")
     for name, target in (("plain torchrun", None), ("run, capture disabled", None), ("run --no-profile", 2.0),
                          ("run (default windows)", 5.0)):
         median = statistics.median(times[name])
@@ -110,8 +116,13 @@ def main() -> None:
         total = statistics.median(j + s for j, s in cpu[name])
         services_cpu = statistics.median(s for _, s in cpu[name])
         verdict = "" if target is None else ("met" if slower <= target else "MISSED") + f" ({target:.0f}%)"
+        step_cpu = statistics.median(rank_cpu[name])
         print(f"{name:24s} {median:9.2f} {min(times[name]):6.1f}-{max(times[name]):<6.1f} {slower:+8.1f}% "
+              f"{step_cpu:9.2f} {(step_cpu / base_rank_cpu - 1) * 100:+8.1f}% "
               f"{total:7.1f} {services_cpu:17.1f} {(total / base_cpu - 1) * 100:+8.1f}% {verdict:>12s}")
+    print("\nstep ms: wall time per step after 10 warm-up steps (rank 0); rank CPU: rank 0's own CPU ms per step "
+          "over the same steps, all its threads (rankstream's included). The spread of plain torchrun's own "
+          "rounds is the noise floor of the step-time comparison on this machine.")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def main() -> int:
             print(f"STEP {step - 1} {(now - last) * 1000:.1f} ms", flush=True)
         last = now
         if step == warm:
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
         data = torch.randn(args.batch, args.width)
         loss = sum(m(data).pow(2).mean() for m in models)
         loss.backward()
@@ -59,7 +59,10 @@ def main() -> int:
             optimizer.step()
             optimizer.zero_grad()
     if rank == 0 and args.steps > warm:
-        print(f"STEP_MS {(time.perf_counter() - started) * 1000 / (args.steps - warm):.3f}", flush=True)
+        measured = args.steps - warm
+        print(f"STEP_MS {(time.perf_counter() - started) * 1000 / measured:.3f}", flush=True)
+        # this process's CPU per step, every thread of it (rankstream's sender, tap and listener too)
+        print(f"STEP_CPU_MS {(time.process_time() - started_cpu) * 1000 / measured:.3f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return args.exit_code
