@@ -79,7 +79,7 @@ def main() -> None:
         rankstream = [sys.executable, "-m", "rankstream"]
         subprocess.run([*rankstream, "up"], env=env, check=True, capture_output=True)
         state = Path(scratch) / "state"
-        services = [int((state / "materializer.pid").read_text()), json.loads((state / "broker.json").read_text())["pid"]]
+        services = [int((state / "materializer.pid").read_text().split()[0]), json.loads((state / "broker.json").read_text())["pid"]]
         try:
             job = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(JOB),
                    "--steps", str(args.steps), "--width", str(args.width), "--batch", "128"]

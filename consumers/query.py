@@ -29,7 +29,8 @@ import duckdb
 import pyarrow as pa
 
 from rankstream.consumers.query_protocol import ServerError, read_response, send_request, send_script
-from rankstream.consumers.query_server import bindable_params, check_read_only, execute_script, execute_to_arrow, server_socket
+from rankstream.consumers.query_server import bindable_params, execute_script, run_guarded, server_socket
+from rankstream.consumers.sql_guard import open_read_only
 from rankstream.schemas.errors import DatabaseBusy, QueryError, RankstreamError
 from rankstream.schemas.settings import load_config
 
@@ -39,10 +40,13 @@ __all__ = ["connect", "Database"]
 class Database:
     """A handle on a rankstream DuckDB file. Methods mirror DuckDB's, returning copies of results."""
 
-    def __init__(self, db_path: Path, read_only: bool = True, wait_s: float = 10.0) -> None:
+    def __init__(self, db_path: Path, read_only: bool = True, wait_s: float = 10.0,
+                 timeout_s: float | None = None) -> None:
         self.path = Path(db_path)
         self.read_only = read_only
         self.wait_s = wait_s
+        #: Each query is interrupted past this (``rankstream sql --timeout``); None: never.
+        self.timeout_s = timeout_s
         #: Inside :meth:`held`: True, then the connection every local call shares.
         self._holding = False
         self._held: duckdb.DuckDBPyConnection | None = None
@@ -141,14 +145,11 @@ class Database:
         return self._route(lambda path: self._remote(path, sql, params, write),
                            lambda: self._local_call(lambda con: self._local_query(con, sql, params, write), write))
 
-    @staticmethod
-    def _local_query(connection, sql: str, params, write: bool) -> pa.Table:
-        if not write:
-            try:
-                check_read_only(connection, sql)
-            except PermissionError as exc:
-                raise QueryError(str(exc)) from None
-        return execute_to_arrow(connection, sql, params)
+    def _local_query(self, connection, sql: str, params, write: bool) -> pa.Table:
+        try:
+            return run_guarded(connection, sql, params, write=write, timeout_s=self.timeout_s)
+        except (PermissionError, TimeoutError) as exc:
+            raise QueryError(str(exc)) from None
 
     def _route(self, remote, local):
         if self._own is not None:
@@ -178,7 +179,7 @@ class Database:
     def _remote(self, socket_path: str, sql: str, params, write: bool) -> pa.Table:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(socket_path)
-            send_request(sock, sql, bindable_params(params), write=write)
+            send_request(sock, sql, bindable_params(params), write=write, timeout_s=self.timeout_s)
             try:
                 return read_response(sock)
             except ServerError as exc:
@@ -201,7 +202,7 @@ class Database:
             return None
         with self._opening:
             if self._own is None and self._held is None:
-                self._held = duckdb.connect(str(self.path), read_only=self.read_only)
+                self._held = open_read_only(self.path) if self.read_only else duckdb.connect(str(self.path))
         shared = self._own if self._own is not None else self._held
         if getattr(self._thread, "cursors", None) is None:  # not in a worker
             return shared
@@ -214,7 +215,7 @@ class Database:
         if self._own is None and not self.path.exists() and not write:
             raise QueryError(f"{self.path}: no such database yet (start the materializer: rankstream up)")
         shared = self._shared_connection()
-        connection = shared or duckdb.connect(str(self.path), read_only=not write)
+        connection = shared or (duckdb.connect(str(self.path)) if write else open_read_only(self.path))
         try:
             return work(connection)
         except duckdb.IOException:
@@ -228,11 +229,12 @@ class Database:
                 connection.close()
 
 
-def connect(db_path: "str | Path | Database | None" = None, *, read_only: bool = True, wait_s: float = 10.0) -> Database:
+def connect(db_path: "str | Path | Database | None" = None, *, read_only: bool = True, wait_s: float = 10.0,
+            timeout_s: float | None = None) -> Database:
     """A :class:`Database` for ``db_path`` (default: the configured ``db_path``); a Database
     passed in is returned as it is, so the flows run on a scratch one too."""
     if isinstance(db_path, Database):
         return db_path
     if db_path is None:
         db_path = load_config().db_path
-    return Database(Path(db_path), read_only=read_only, wait_s=wait_s)
+    return Database(Path(db_path), read_only=read_only, wait_s=wait_s, timeout_s=timeout_s)

@@ -1,6 +1,7 @@
 """The little wire protocol between the query server and its clients, over a Unix socket.
 
-Request: 4-byte big-endian length, then JSON ``{"sql": str, "params": list|object|null, "write": bool}``,
+Request: 4-byte big-endian length, then JSON ``{"sql": str, "params": list|object|null, "write": bool,
+"timeout_s": number|null}``,
 or ``{"script": [[sql, params], ...], "write": true}`` for statements that must commit together.
 Response: one status byte (``A`` Arrow IPC stream follows, ``E`` UTF-8 error message follows),
 an 8-byte big-endian length, then the body. Results travel as Arrow so that they arrive as
@@ -19,13 +20,11 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = ["sidecar_path", "send_request", "send_script", "read_request", "send_table", "send_error", "read_response",
-           "ServerError", "READ_STATEMENT_TYPES"]
+           "ServerError"]
 
 _LENGTH = struct.Struct(">I")
 _BODY = struct.Struct(">cQ")
 MAX_REQUEST_BYTES = 1 << 20
-#: Statement types a read-only session may run.
-READ_STATEMENT_TYPES = frozenset({"SELECT", "EXPLAIN"})
 
 
 class ServerError(Exception):
@@ -47,8 +46,9 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def send_request(sock: socket.socket, sql: str, params: list | dict | None, *, write: bool) -> None:
-    _send(sock, {"sql": sql, "params": params, "write": write})
+def send_request(sock: socket.socket, sql: str, params: list | dict | None, *, write: bool,
+                 timeout_s: float | None = None) -> None:
+    _send(sock, {"sql": sql, "params": params, "write": write, "timeout_s": timeout_s})
 
 
 def send_script(sock: socket.socket, statements: list[tuple[str, Any]]) -> None:

@@ -21,32 +21,24 @@ import duckdb
 import pyarrow as pa
 
 from rankstream.schemas.processes import process_alive
-from rankstream.consumers.query_protocol import (
-    READ_STATEMENT_TYPES,
-    read_request,
-    send_error,
-    send_table,
-    sidecar_path,
-)
+from rankstream.consumers.query_protocol import read_request, send_error, send_table, sidecar_path
+from rankstream.consumers.sql_guard import check_read_only, interrupted_when
 
-__all__ = ["QueryServer", "PROCEDURE_PREFIX", "register_procedure", "bindable_params", "check_read_only", "execute_script", "execute_to_arrow",
-           "server_socket"]
+__all__ = ["QueryServer", "PROCEDURE_PREFIX", "register_procedure", "bindable_params", "execute_script",
+           "execute_to_arrow", "run_guarded", "server_socket"]
 
 
-def _statement_types(cursor: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
-    return [statement.type.name for statement in cursor.extract_statements(sql)]
-
-
-def check_read_only(connection: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Refuse anything but SELECT/EXPLAIN in a read-only session (a read-only DuckDB file alone
-    would still let ``COPY ... TO`` write files)."""
-    types = _statement_types(connection, sql)
-    if not types:
-        raise PermissionError("no SQL statement given")
-    if any(t not in READ_STATEMENT_TYPES for t in types):
-        raise PermissionError(
-            f"this session is read-only: {', '.join(t for t in types if t not in READ_STATEMENT_TYPES)} "
-            "statements need write access (rankstream sql --write)")
+def run_guarded(connection: duckdb.DuckDBPyConnection, sql: str, params, *, write: bool,
+                timeout_s: float | None = None, client=None) -> pa.Table:
+    """One request's statement: only reads unless ``write`` (``sql_guard``), interrupted past
+    ``timeout_s`` or when ``client`` hangs up (then ``TimeoutError`` says which)."""
+    if not write:
+        check_read_only(connection, sql)
+    with interrupted_when(connection, timeout_s=timeout_s, client=client) as stopped:
+        try:
+            return execute_to_arrow(connection, sql, params)
+        except duckdb.InterruptException:
+            raise TimeoutError(f"query interrupted: {stopped['reason'] or 'by DuckDB'}") from None
 
 
 #: Analysis steps written in Python that a script may name instead of SQL (``procedure:NAME``):
@@ -122,11 +114,12 @@ class _Handler(socketserver.BaseRequestHandler):
                 if "script" in request:
                     table = self.server.run_script(request["script"], bool(request.get("write")))
                 else:
-                    table = self.server.run(request["sql"], request.get("params"), bool(request.get("write")))
+                    table = self.server.run(request["sql"], request.get("params"), bool(request.get("write")),
+                                            timeout_s=request.get("timeout_s"), client=sock)
             except duckdb.Error as exc:
                 send_error(sock, f"{type(exc).__name__}: {exc}")
                 continue
-            except PermissionError as exc:
+            except (PermissionError, TimeoutError) as exc:
                 send_error(sock, str(exc))
                 continue
             except Exception as exc:  # answer every request; a dropped connection helps nobody
@@ -142,12 +135,10 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         super().__init__(path, _Handler)
         self._connection = connection
 
-    def run(self, sql: str, params, write: bool):
+    def run(self, sql: str, params, write: bool, *, timeout_s: float | None = None, client=None):
         cursor = self._connection.cursor()
         try:
-            if not write:
-                check_read_only(cursor, sql)
-            return execute_to_arrow(cursor, sql, params)
+            return run_guarded(cursor, sql, params, write=write, timeout_s=timeout_s, client=client)
         finally:
             cursor.close()
 

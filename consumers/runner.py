@@ -15,6 +15,7 @@ import duckdb
 
 from rankstream.consumers.materializer import RETRY_S, Materializer, MaterializerStatus
 from rankstream.consumers.query_server import QueryServer
+from rankstream.consumers.sql_guard import lock_down
 from rankstream.consumers.store import Store, open_writable
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import DatabaseBusy
@@ -58,6 +59,7 @@ def run_materializer(config: Config, stop: threading.Event, *, once: bool = Fals
         return MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
     try:
         connection.execute(f"SET memory_limit = '{config.materializer_memory_mb}MB'")
+        lock_down(connection)  # user SQL runs on this instance: it cannot reach the host (sql_guard)
         store = Store(connection)
         if rebuild:
             store.reset()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rankstream.schemas.config import EMBEDDED_HOST, Config
 from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
-from rankstream.schemas.processes import process_alive, stop_process, yield_to_training
+from rankstream.schemas.processes import is_process, start_ticks, stop_process, yield_to_training
 
 __all__ = ["BrokerState", "start_broker", "stop_broker", "broker_status", "broker_binary", "port_open"]
 
@@ -28,6 +28,8 @@ class BrokerState:
     port: int
     bootstrap: str
     log: str
+    #: The process's start time (``processes.start_ticks``): a recycled pid is not the broker.
+    started: int | None = None
 
 
 def broker_binary() -> str:
@@ -54,7 +56,7 @@ def broker_status(config: Config) -> BrokerState | None:
         state = BrokerState(**json.loads(_state_file(config).read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    return state if process_alive(state.pid) else None
+    return state if is_process(state.pid, state.started, command_has="tansu") else None
 
 
 def _wait_listening(config: Config, process: subprocess.Popen, wait_s: float) -> None:
@@ -98,7 +100,7 @@ def start_broker(config: Config, wait_s: float = 15.0) -> BrokerState:
         process.wait()
         raise
     state = BrokerState(pid=process.pid, port=config.broker_port, bootstrap=config.bootstrap_servers,
-                        log=str(log_path))
+                        log=str(log_path), started=start_ticks(process.pid))
     _state_file(config).write_text(json.dumps(asdict(state)))
     return state
 

@@ -28,7 +28,7 @@ from rankstream.flows.hang_watch import HangWatch
 from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
-from rankstream.schemas.processes import process_alive, stop_process, yield_to_training
+from rankstream.schemas.processes import is_process, start_ticks, stop_process, yield_to_training
 from rankstream.schemas.settings import absolute_paths, config_env, forget_endpoint, record_endpoint
 
 __all__ = ["up", "down", "materialize", "materializer_pid", "stop_materializer", "start_embedded_broker", "Services"]
@@ -68,11 +68,13 @@ def _pid_file(config: Config) -> Path:
 
 
 def materializer_pid(config: Config) -> int | None:
+    """The running materializer recorded for this state dir (``<pid> <start ticks>``), if any."""
     try:
-        pid = int(_pid_file(config).read_text())
-    except (OSError, ValueError):
+        fields = _pid_file(config).read_text().split()
+        pid, started = int(fields[0]), int(fields[1]) if len(fields) > 1 else None
+    except (OSError, ValueError, IndexError):
         return None
-    return pid if process_alive(pid) else None
+    return pid if is_process(pid, started, command_has="rankstream") else None
 
 
 def up(config: Config, wait_s: float = 30.0) -> Services:
@@ -88,7 +90,7 @@ def up(config: Config, wait_s: float = 30.0) -> Services:
                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True, preexec_fn=yield_to_training)
         pid = process.pid
-        _pid_file(config).write_text(str(pid))
+        _pid_file(config).write_text(f"{pid} {start_ticks(pid)}")
         deadline = time.monotonic() + wait_s
         while server_socket(config.db_path) is None:
             if process.poll() is not None:

@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-__all__ = ["process_alive", "stop_process", "yield_to_training"]
+__all__ = ["process_alive", "stop_process", "yield_to_training", "start_ticks", "is_process"]
 
 #: How much lower the broker and materializer run than the job (``nice``): on the training node
 #: they take only the CPU the ranks leave (docs/benchmarks.md, `rankstream run`'s overhead).
@@ -23,6 +23,32 @@ def yield_to_training() -> None:
         os.nice(BACKGROUND_NICE)
     except OSError:  # not permitted: they run at the normal priority
         pass
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22): with the
+    pid, an identity that no later process reusing the pid shares. None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_process(pid: int, started: int | None, *, command_has: str) -> bool:
+    """Whether ``pid`` is alive and still the process a pid file recorded: the same start time,
+    or, for a record without one (written by an older version), a command line naming
+    ``command_has``. A stale pid file must never point a signal at someone else's process."""
+    if not process_alive(pid):
+        return False
+    now = start_ticks(pid)
+    if started is not None and now is not None:
+        return now == started
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return command_has.encode() in cmdline.read()
+    except OSError:
+        return started is not None  # no /proc: trust a record that has a start time
 
 
 def process_alive(pid: int) -> bool:

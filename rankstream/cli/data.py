@@ -62,8 +62,10 @@ def sql(
     as_csv: bool = typer.Option(False, "--csv", help="Print the rows as CSV."),
     write: bool = typer.Option(False, "--write", help="Allow statements that change the database."),
     param: list[str] = typer.Option([], "--param", "-p", help="A value for the next ? placeholder."),
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="Stop the query after this many seconds."),
 ) -> None:
-    """Run SQL against the database, live: through the materializer while it runs."""
-    database = server_module("consumers.query").connect(config().db_path, read_only=not write)
+    """Run SQL against the database, live: through the materializer while it runs. Without
+    --write only reads run, and no statement can reach the host's files."""
+    database = server_module("consumers.query").connect(config().db_path, read_only=not write, timeout_s=timeout)
     table = (database.execute if write else database.arrow)(query, param or None)
     print_table(table, "json" if as_json else "csv" if as_csv else "table")
