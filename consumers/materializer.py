@@ -65,6 +65,14 @@ def status_path(config: Config) -> Path:
     return config.state_dir / "materializer.json"
 
 
+def materializer_lag(config: Config) -> int | None:
+    """Messages on the bus the materializer has not stored yet, from its last status file."""
+    try:
+        return json.loads(status_path(config).read_text()).get("lag_messages")
+    except (OSError, ValueError):
+        return None
+
+
 class _Committer:
     """Commits prepared polls on its own thread, in order, one transaction each.
 

@@ -40,7 +40,7 @@ __all__ = ["connect", "Database"]
 class Database:
     """A handle on a rankstream DuckDB file. Methods mirror DuckDB's, returning copies of results."""
 
-    def __init__(self, db_path: Path, read_only: bool = True, wait_s: float = 10.0,
+    def __init__(self, db_path: Path, read_only: bool = True, wait_s: float = 10.0, *,
                  timeout_s: float | None = None) -> None:
         self.path = Path(db_path)
         self.read_only = read_only

@@ -61,14 +61,16 @@ def run_is_live(db_path: Path, run_id: str) -> bool:
     return not ended and last_ns is not None and time.time_ns() - last_ns < SILENT_S * 1e9
 
 
-def write_html_report(db_path: Path, run_id: str, out: Path, *, refresh_s: float | None = None) -> HtmlReport:
-    """Write the page for ``run_id`` to ``out`` (atomically: a watcher never sees half a page)."""
+def write_html_report(db_path: Path, run_id: str, out: Path, *, refresh_s: float | None = None,
+                      ingest_lag: int | None = None) -> HtmlReport:
+    """Write the page for ``run_id`` to ``out`` (atomically: a watcher never sees half a page);
+    ``ingest_lag``: the materializer's backlog in messages, when the caller can see it."""
     started = time.perf_counter()
     script = plotly_js()
     database = connect(db_path)
     if not database.fetchall("SELECT count(*) FROM rank_metadata WHERE run_id = $1", [run_id])[0][0]:
         raise BadInput(f"no run {run_id!r} in {db_path}")
-    body, figures = _sections(database, run_id)
+    body, figures = _sections(database, run_id, ingest_lag)
     page = _page(run_id, body, figures, script, refresh_s)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +88,7 @@ def html_report_if_possible(db_path: Path, run_id: str, out: Path) -> str:
         return "no HTML report (pip install 'rankstream[report]')"
 
 
-def _sections(database, run_id: str) -> tuple[list[str], dict[str, dict]]:
+def _sections(database, run_id: str, ingest_lag: int | None) -> tuple[list[str], dict[str, dict]]:
     figures: dict[str, dict] = {}
     parts = [_verdict_section(charts.verdict(database, run_id))]
 
@@ -106,6 +108,8 @@ def _sections(database, run_id: str) -> tuple[list[str], dict[str, dict]]:
     section("Communication matrix", [charts.matrix_chart(database, run_id)], "No communication recorded.")
     section("Top ops and kernels", [charts.top_chart(database, run_id)], "No traced ops.")
     ingest, totals = charts.ingest_chart(database, run_id)
+    if ingest_lag is not None:
+        totals["materializer backlog (messages, all runs)"] = ingest_lag
     section("Clock alignment and ingest health", [charts.clock_chart(database, run_id), ingest],
             "No clock or heartbeat data.", _table("Totals", [{"what": k, "count": v} for k, v in totals.items()],
                                                   {"what": "", "count": ""}))

@@ -333,14 +333,9 @@ class _Watch:
 
 
 def _ingest_lag(config: Config) -> str:
-    import json
+    from rankstream.consumers.materializer import materializer_lag
 
-    from rankstream.consumers.materializer import status_path
-
-    try:
-        lag = json.loads(status_path(config).read_text()).get("lag_messages")
-    except (OSError, ValueError):
-        return ""
+    lag = materializer_lag(config)
     return "" if lag is None else f", ingest lag {lag} messages"
 
 

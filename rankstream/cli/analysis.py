@@ -64,12 +64,14 @@ def _html_report(run: str, out: Path, *, watch: float | None, refresh: bool) -> 
     import time
 
     pipeline, page = server_module("flows.pipeline"), server_module("flows.html_report")
+    lag = server_module("consumers.materializer").materializer_lag
     db_path = config().db_path
     while True:
         if refresh:
             pipeline.analyze_everything(db_path, run)
         live = watch is not None and page.run_is_live(db_path, run)
-        written = page.write_html_report(db_path, run, out, refresh_s=watch if live else None)
+        written = page.write_html_report(db_path, run, out, refresh_s=watch if live else None,
+                                         ingest_lag=lag(config()))
         console.print(f"wrote {written.path} ({written.bytes / 2**20:,.1f} MB, {written.charts} plot(s), "
                       f"{written.seconds:.1f} s)" + (f"; the run is live: again in {watch:g} s" if live else ""),
                       highlight=False, soft_wrap=True)

@@ -85,6 +85,7 @@ def test_a_hung_run_names_its_culprit_on_a_page_that_draws_offline(live, hung_ru
     assert errors == []
     assert all(url.startswith("file:") for url in fetched), fetched  # no network: it opens after scp
     assert assert_every_plot_drawn(page) >= 4
+    assert "materializer backlog" in page.inner_text("body")  # ingest health: the lag too
     text = page.inner_text("#verdict")
     assert "root cause" in text and "rank 1" in text, text
     assert page.inner_text("body").index("Verdict") < page.inner_text("body").index("Collective progress")
@@ -114,7 +115,8 @@ def test_an_imported_gpu_trace_gets_the_gpu_breakdown(live, browser, tmp_path):
 def test_one_stalled_step_among_ten_million_shows(browser, tmp_path):
     db_path = tmp_path / "scale.duckdb"
     with duckdb.connect(str(db_path)) as database:
-        report_scale.fill(database, "scale", ranks=1024, steps=10_000, stalled=(517, 7_321, 40_000_000_000))
+        report_scale.fill(database, "scale", ranks=1024, steps=10_000, collectives=20,
+                          stalled=(517, 7_321, 40_000_000_000))
     out = tmp_path / "scale.html"
     written = write_html_report(db_path, "scale", out)
     assert written.bytes <= 20 << 20

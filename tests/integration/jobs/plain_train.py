@@ -61,7 +61,7 @@ def main() -> int:
     if rank == 0 and args.steps > warm:
         measured = args.steps - warm
         print(f"STEP_MS {(time.perf_counter() - started) * 1000 / measured:.3f}", flush=True)
-        # this process's CPU per step, every thread of it (rankstream's sender, tap and listener too)
+        # this process's CPU per step, every thread of it (a capture tool's threads too)
         print(f"STEP_CPU_MS {(time.process_time() - started_cpu) * 1000 / measured:.3f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
