@@ -32,6 +32,7 @@ from rankstream.consumers.store import Store, summarize_lag
 from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import RankstreamError, TransientError, is_transient
+from rankstream.schemas.files import write_atomically
 from rankstream.schemas.topics import all_topics
 
 __all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S"]
@@ -246,10 +247,6 @@ class Materializer:
             except RankstreamError:
                 status.lag_messages = None
         try:
-            path = status_path(self.config)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(asdict(status)))
-            os.replace(temporary, path)
+            write_atomically(status_path(self.config), json.dumps(asdict(status)))
         except OSError:
             pass

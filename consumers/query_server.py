@@ -20,6 +20,7 @@ from typing import Callable
 import duckdb
 import pyarrow as pa
 
+from rankstream.schemas.files import write_atomically
 from rankstream.schemas.processes import process_alive
 from rankstream.consumers.query_protocol import read_request, send_error, send_table, sidecar_path
 from rankstream.consumers.sql_guard import check_read_only, interrupted_when
@@ -168,9 +169,7 @@ class QueryServer:
         self._server = _UnixServer(self._socket_path, self._connection)
         self._thread = threading.Thread(target=self._server.serve_forever, name="rankstream-query", daemon=True)
         self._thread.start()
-        temporary = self._sidecar.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"pid": os.getpid(), "socket": self._socket_path}))
-        os.replace(temporary, self._sidecar)
+        write_atomically(self._sidecar, json.dumps({"pid": os.getpid(), "socket": self._socket_path}))
 
     def stop(self) -> None:
         try:

@@ -13,7 +13,6 @@ seconds while the run is live, so the report is also the live dashboard.
 from __future__ import annotations
 
 import html
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import orjson
 from rankstream.consumers.query import connect
 from rankstream.flows import report_charts as charts
 from rankstream.schemas.errors import BadInput, ConfigError
+from rankstream.schemas.files import write_atomically
 
 __all__ = ["HtmlReport", "write_html_report", "html_report_if_possible", "plotly_js", "run_is_live"]
 
@@ -73,10 +73,7 @@ def write_html_report(db_path: Path, run_id: str, out: Path, *, refresh_s: float
     body, figures = _sections(database, run_id, ingest_lag)
     page = _page(run_id, body, figures, script, refresh_s)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = out.with_name(f".{out.name}.{os.getpid()}")
-    scratch.write_bytes(page)
-    scratch.replace(out)
+    write_atomically(out, page)
     return HtmlReport(out, len(page), time.perf_counter() - started, len(figures))
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rankstream.flows.collective_analysis import live_episodes
+
 __all__ = ["Chart", "MAX_BINS", "step_charts", "collective_charts", "breakdown_chart", "matrix_chart",
            "top_chart", "clock_chart", "ingest_chart", "worst_steps", "verdict"]
 
@@ -71,9 +73,7 @@ def verdict(database, run_id: str) -> dict:
     findings = database.arrow(
         "SELECT kind, pg_name, pg_desc, seq, culprit_ranks, waiting_ranks, detail, stack FROM findings "
         "WHERE run_id = $1 ORDER BY position LIMIT $2", [run_id, MAX_FINDINGS]).to_pylist()
-    episodes = database.arrow(
-        "SELECT kind, culprit_ranks, pg_name, seq, first_seen_ns, last_seen_ns, cleared_ns, detail, stack "
-        "FROM live_findings WHERE run_id = $1 ORDER BY first_seen_ns LIMIT $2", [run_id, MAX_FINDINGS]).to_pylist()
+    episodes = live_episodes(database, run_id)[:MAX_FINDINGS]
     for row in findings + episodes:
         row["stack"] = _stack_lines(row.get("stack"))
     return {"verdict": done[0][0] if done and done[0][0] else None, "findings": findings, "episodes": episodes}

@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from rankstream.schemas.config import Config
+from rankstream.schemas.processes import start_ticks
 from rankstream.schemas.settings import LaunchEnvironment, flight_recorder_buffer_size
 from rankstream.producers.clock_sync import ClockRounds
 from rankstream.producers.flight_recorder import FlightRecorderTap
@@ -100,12 +101,8 @@ def _launching_process() -> str:
     """The parent process as ``<pid>.<start time>``: the ranks one launcher started on this node
     share it, and a later launch (even reusing the pid) does not."""
     parent = os.getppid()
-    try:
-        with open(f"/proc/{parent}/stat") as stat:
-            started = stat.read().rsplit(")", 1)[1].split()[19]  # field 22, starttime (clock ticks since boot)
-    except (OSError, IndexError):
-        started = time.strftime("%Y%m%d")
-    return f"{parent}.{started}"
+    started = start_ticks(parent)
+    return f"{parent}.{started if started is not None else time.strftime('%Y%m%d')}"
 
 
 #: At shutdown, how long a clock-sync round still running may take to finish and send its sample.

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
-import os
 import sys
 import threading
 
@@ -159,11 +158,10 @@ AGREED_RUN_ID = "run_id"
 
 def _tell_the_launcher(run_dir, run_id: str) -> None:
     """Write the agreed run id for ``run`` (every rank of the node writes the same text)."""
+    from rankstream.schemas.files import write_atomically
+
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        scratch = run_dir / f".{AGREED_RUN_ID}.{os.getpid()}"
-        scratch.write_text(run_id)
-        scratch.replace(run_dir / AGREED_RUN_ID)
+        write_atomically(run_dir / AGREED_RUN_ID, run_id)
     except OSError as exc:  # the launcher then keeps its own proposal; the capture goes on
         print(f"rankstream: cannot tell `run` the run id in {run_dir}: {exc}", file=sys.stderr)
 
