@@ -132,7 +132,8 @@ def _heartbeat_rows(envelopes: Iterable[tuple[int, Envelope]]) -> list[dict]:
         fields = e.payload.fields
         rows.append({MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, "session_id": e.session_id, "sent_ns": e.sent_at_ns,
                      **{name: fields[name] for name in HEARTBEAT_COUNTERS},
-                     "final": fields["final"], "collectives": _json(fields["collectives"])})
+                     "final": fields["final"], "collectives": _json(fields["collectives"]),
+                     "collectives_read_ns": fields["collectives_read_ns"]})
     return rows
 
 

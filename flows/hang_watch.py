@@ -31,6 +31,7 @@ from rankstream.consumers.query import Database
 from rankstream.consumers.store import transaction
 from rankstream.flows.diagnosis.findings import WAIT_KINDS, Finding
 from rankstream.flows.diagnosis.report import diagnose_stored
+from rankstream.flows.diagnosis.ring_progress import ring_progress
 
 __all__ = ["HangWatch", "watch_pass", "ACTIVE_RUNS_SQL"]
 
@@ -69,20 +70,6 @@ MOVING_EVERY_S = 10.0
 #: How long after a clean end a run is still judged (for disagreements whose entries came late).
 _ENDED_GRACE_NS = 10 * 10**9
 
-#: Per rank and group: the last collective its newest heartbeat says it enqueued, and the last one
-#: stored. The heartbeat's groups are keyed by the group's id (``pg_id``), as torch's pg_status is.
-_LAG_SQL = """
-WITH claimed AS (
-    SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives
-    FROM heartbeats WHERE run_id = $run GROUP BY rank
-), stored AS (
-    SELECT rank, pg_id::VARCHAR AS pg, max(collective_seq_id) AS seq FROM fr_entries WHERE run_id = $run GROUP BY ALL
-)
-SELECT claimed.rank, claimed.collectives, list(stored.pg) FILTER (WHERE stored.pg IS NOT NULL),
-       list(stored.seq) FILTER (WHERE stored.pg IS NOT NULL)
-FROM claimed LEFT JOIN stored USING (rank) GROUP BY ALL
-"""
-
 _STACK_SQL = """
 SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND cat = 'rankstream'
   AND name IN ('idle_outside_collectives', 'stalled_in_collective') ORDER BY ts_ns DESC LIMIT 1
@@ -117,7 +104,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             continue
         recently_stopped = {r for r in ranks if r not in dead
                             and now_ns - 3 * stall_s * 1e9 <= moved[r] < now_ns - stall_s * 1e9}
-        if _ranks_with_entries_in_flight(con, run_id) & recently_stopped:
+        if ring_progress(database, run_id).in_flight & recently_stopped:
             continue  # their last calls are on the way: judge the run when they are stored
         judged.add(run_id)
         if last_judged is not None:
@@ -140,27 +127,6 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
     if failures:
         raise WatchFailed(judged, found, failures)
     return judged, found
-
-
-def _ranks_with_entries_in_flight(con, run_id: str) -> set[int]:
-    """Ranks whose heartbeat claims a collective in some group beyond the last one stored for it,
-    or that heartbeat without any progress yet (their Flight Recorder tap has not reported)."""
-    behind = set()
-    for rank, claimed, groups, stored in con.execute(_LAG_SQL, {"run": run_id}).fetchall():
-        if claimed is None:  # its tap has not reported yet: what the rank did is still unknown
-            behind.add(rank)
-            continue
-        try:
-            status = json.loads(claimed)
-        except ValueError:
-            continue  # a heartbeat without readable progress claims nothing
-        last_stored = dict(zip(groups or (), stored or ()))
-        for group, progress in status.items() if isinstance(status, dict) else ():
-            enqueued = progress.get("last_enqueued") if isinstance(progress, dict) else None
-            if isinstance(enqueued, int) and enqueued > (last_stored.get(group) if last_stored.get(group) is not None
-                                                         else -1):
-                behind.add(rank)
-    return behind
 
 
 class WatchFailed(Exception):

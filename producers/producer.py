@@ -114,6 +114,7 @@ class Producer(SenderLoop):
         self._batch_events_queued = self._batch_events_taken = 0
         self._control: collections.deque[tuple[PayloadKind, Any]] = collections.deque()
         self._collectives: dict[str, Any] | None = None
+        self._collectives_read_ns: int | None = None
         self._seq = {stream: 0 for stream in Stream}
         self._key = message_key(run_id, rank)
         self._topics = {stream: topic_for(self._config.topic_prefix, stream) for stream in Stream}
@@ -199,9 +200,12 @@ class Producer(SenderLoop):
         """Update and re-send rank metadata (versions, local rank, a new clock-sync sample...)."""
         self._control.append((PayloadKind.RANK_META, fields))
 
-    def set_collectives(self, status: Mapping[str, Any]) -> None:
-        """The last enqueued/started/completed collective per group, carried by the next heartbeats."""
+    def set_collectives(self, status: Mapping[str, Any], read_ns: int | None = None) -> None:
+        """The last enqueued/started/completed collective per group, carried by the next heartbeats,
+        with when it was read (now by default): the live diagnosis knows the rank's ring held no
+        later call at that moment, even when no new dump was taken since."""
         self._collectives = dict(status)
+        self._collectives_read_ns = time.time_ns() if read_ns is None else read_ns
 
     @property
     def refusing(self) -> bool:

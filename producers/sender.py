@@ -156,6 +156,7 @@ class SenderLoop:
             **{name: getattr(stats, name) for name in HEARTBEAT_COUNTERS},
             "final": final,
             "collectives": self._collectives,
+            "collectives_read_ns": self._collectives_read_ns,
         }).to_wire()
         self._submit(PayloadKind.HEARTBEAT, wire, 0)
 

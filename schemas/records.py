@@ -22,7 +22,7 @@ from rankstream.schemas.fields import (
     list_of,
     text,
 )
-from rankstream.schemas.tables import FR_ENTRIES, HEARTBEATS, PROCESS_GROUPS, RANK_METADATA
+from rankstream.schemas.tables import FR_ENTRIES, HEARTBEAT_COUNTERS, HEARTBEATS, PROCESS_GROUPS, RANK_METADATA
 
 __all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "FR_FIELDS", "HEARTBEAT_COUNTERS", "wire_spec"]
 
@@ -61,8 +61,6 @@ FR_FIELDS = wire_spec(FR_ENTRIES)
 _GROUP = wire_spec(PROCESS_GROUPS)
 _RANK_META = wire_spec(RANK_METADATA)
 _HEARTBEAT = wire_spec(HEARTBEATS)
-#: The producer counters a heartbeat carries (the stats ``Producer.stats`` gives).
-HEARTBEAT_COUNTERS = tuple(name for name, (check, _) in _HEARTBEAT.items() if check is integer)
 
 
 def _records(wire: Any, key: str, what: str) -> list:

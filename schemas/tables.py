@@ -16,7 +16,7 @@ from rankstream.schemas.analysis_tables import ANALYSIS_TABLES
 from rankstream.schemas.columns import Column as C
 from rankstream.schemas.columns import Table
 
-__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "RANK_METADATA", "REJECTS", "TABLES", "table",
+__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "HEARTBEAT_COUNTERS", "RANK_METADATA", "REJECTS", "TABLES", "table",
            "PROJECTION_TABLES", "BOOKKEEPING_TABLES", "ddl", "SCHEMA_VERSION", "EXISTING_COLUMNS_SQL"]
 
 _RUN, _RANK = C("run_id", "VARCHAR", not_null=True), C("rank", "INTEGER", not_null=True)
@@ -75,12 +75,16 @@ PROCESS_GROUPS = Table("process_groups", "Process groups as each rank reported t
 #: The producer's counters that every heartbeat carries.
 _COUNTERS = ("events_emitted", "events_sent", "events_spooled", "events_dropped", "bytes_sent", "buffered_events",
              "spool_bytes")
+#: Every producer counter a heartbeat carries (the stats ``Producer.stats`` gives), the later ones optional.
+HEARTBEAT_COUNTERS = _COUNTERS + ("broker_resets", "events_resent", "events_not_resent")
 HEARTBEATS = Table("heartbeats", "One row per producer heartbeat (about one per second per rank), with its counters.", (
     _RUN, _RANK,
     C("session_id", "VARCHAR", not_null=True), C("sent_ns", "BIGINT", not_null=True),
     *(C(name, "BIGINT", wire="required") for name in _COUNTERS),
     C("final", "BOOLEAN", "sent by close(): the rank said goodbye", wire="required"),
     C("collectives", "VARCHAR", "JSON: last enqueued/started/completed collective per group", wire="optional"),
+    C("collectives_read_ns", "BIGINT", "when the rank read that progress: its ring held no later call then",
+      wire="optional"),
     C("broker_resets", "BIGINT", "broker restarts the producer noticed (it lost its log each time)", wire="optional"),
     C("events_resent", "BIGINT", "events resent from the resend window after those restarts", wire="optional"),
     C("events_not_resent", "BIGINT", "events the window's byte cap had let go: lost if never consumed", wire="optional"),

@@ -14,14 +14,15 @@ import pyarrow.compute as pc
 
 from rankstream.flows.clocks import rank_offsets
 from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, p2p_peers, parse_op
+from rankstream.flows.diagnosis.ring_progress import ring_progress
 
-__all__ = ["StoredRun", "load_stored", "ENTRIES_SQL"]
+__all__ = ["StoredRun", "load_stored", "live_horizon", "ENTRIES_SQL"]
 
 _UNEVEN_SQL = ", ".join(f"'{op}'" for op in sorted(UNEVEN_OPS))
 _OP_SQL = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
 
 #: The entries judged: the run's last ``$tail`` records per rank (all when NULL), created no later
-#: than ``$horizon`` (see ``HORIZON_SQL``). An entry sent again with a new state has a row per
+#: than ``$horizon`` (see ``live_horizon``). An entry sent again with a new state has a row per
 #: state; the newest is kept in numpy (``_newest``), five times cheaper than a window here.
 _RECENT = f"""
 WITH tops AS (SELECT rank, max(record_id) AS top FROM fr_entries WHERE run_id = $run GROUP BY rank),
@@ -53,14 +54,6 @@ TEXT_SQL = {
     "dtypes": "SELECT [input_dtypes, output_dtypes]::VARCHAR FROM fr_entries WHERE run_id = $run "
               "AND coalesce(dtypes_key, hash(input_dtypes, output_dtypes)) = $key LIMIT 1",
 }
-
-#: While a run goes on, each rank's ring is read every few seconds, at its own moments: the entries
-#: created after the oldest of the live ranks' latest reads are not comparable across ranks yet.
-#: (A dead rank's last read is as far as its data will ever go: it sets no horizon.)
-HORIZON_SQL = """
-SELECT min(last_read) FROM (SELECT max(snapshot_ns) AS last_read FROM fr_entries
-                            WHERE run_id = $run AND NOT list_contains($dead, rank) GROUP BY rank)
-"""
 
 GROUPS_SQL = """
 SELECT pg_name, any_value(ranks) AS ranks FROM process_groups
@@ -102,13 +95,21 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
+def live_horizon(database, run_id: str, dead: set[int]) -> int | None:
+    """While a run goes on, each rank's ring is known at its own moments: the entries created after
+    the earliest of the live ranks' moments are not comparable across ranks yet (see
+    ``ring_progress``). A dead rank's data is as far as it will ever go: it sets no horizon."""
+    known = [t for rank, t in ring_progress(database, run_id).known_until.items() if rank not in dead]
+    return min(known) if known else None
+
+
 def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = frozenset(),
                 tail: int | None = None) -> StoredRun:
     """The run's entries, the groups its ranks listed and the ranks that sent any. ``live``: only
-    the entries every live rank's latest ring read covers (see ``HORIZON_SQL``); ``tail``: only
+    the entries every live rank's ring is known to cover (see ``live_horizon``); ``tail``: only
     each rank's last ``tail`` records (the live watch judges what is new; an older fault was judged
     when it was new)."""
-    horizon = database.fetchall(HORIZON_SQL, {"run": run_id, "dead": sorted(dead)})[0][0] if live else None
+    horizon = live_horizon(database, run_id, dead) if live else None
     values = {"run": run_id, "horizon": horizon, "tail": tail}
     table = _newest(database.arrow(ENTRIES_SQL, values))
     listed = {name: sorted(ranks) for name, ranks in database.fetchall(GROUPS_SQL, {"run": run_id})}

@@ -99,3 +99,38 @@ def test_a_run_that_is_progressing_is_judged_less_often_and_a_stalled_one_every_
     assert watch_pass(con, now_ns=now + 4 * SECOND, last_judged=last_judged)[0] == set()  # judged 2 s ago
     _moving(con, now + 13 * SECOND)
     assert watch_pass(con, now_ns=now + 13 * SECOND, last_judged=last_judged)[0] == {"run"}  # 10 s since
+
+
+def _blocked_ranks_dumped_long_ago(con, now: int, *, read_ns: int | None) -> None:
+    """Each rank's tap dumped its ring right after its own last call and never again (nothing
+    changed since: it is blocked), while its heartbeats, read at ``read_ns``, claim just what is
+    stored."""
+    for rank, last_created in con.execute("SELECT rank, max(time_created_ns) FROM fr_entries GROUP BY rank").fetchall():
+        con.execute("UPDATE fr_entries SET snapshot_ns = ? WHERE rank = ?", [last_created + 1000, rank])
+        _claim(con, now, rank=rank, beyond=0)
+        con.execute("UPDATE heartbeats SET collectives_read_ns = ? WHERE rank = ?", [read_ns, rank])
+
+
+def test_a_rank_blocked_since_its_last_dump_is_judged_on_its_peers_later_calls():
+    """The first rank to block dumped its ring before its peers made their last calls; its
+    heartbeats say nothing changed since. Judged only up to that dump, the peers' last calls are
+    left out and they are blamed for them (seen live in a cross-group hang on a loaded machine)."""
+    now = time.time_ns()
+    con = _stored(now)
+    _blocked_ranks_dumped_long_ago(con, now, read_ns=now - SECOND)
+    judged, found = watch_pass(con, now_ns=now)
+    assert judged == {"run"}
+    assert [f.culprit_ranks for _, f in found] == [list(CASE.expected.culprits)]
+
+
+def test_without_a_read_time_the_horizon_is_the_earliest_dump():
+    """Heartbeats of an older producer carry no read time: entries past the earliest live rank's
+    last dump are not compared (what that rank did after it is unknown)."""
+    now = time.time_ns()
+    con = _stored(now)
+    _blocked_ranks_dumped_long_ago(con, now, read_ns=None)
+    first_dump = con.execute("SELECT min(snapshot_ns) FROM fr_entries").fetchall()[0][0]
+    from rankstream.consumers.query import Database
+    from rankstream.flows.diagnosis.stored import live_horizon
+
+    assert live_horizon(Database.over(con, "test"), "run", set()) == first_dump
