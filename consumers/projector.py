@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from rankstream.schemas.envelope import Envelope, PayloadKind
 from rankstream.schemas.records import FR_FIELDS, HEARTBEAT_COUNTERS
-from rankstream.schemas.tables import FR_ENTRIES, HEARTBEATS, PROCESS_GROUPS, RANK_METADATA
+from rankstream.schemas.tables import FR_ENTRIES, HEARTBEATS, INPUT_REJECTS, PROCESS_GROUPS, RANK_METADATA
 from rankstream.schemas.trace import (NULL_INT, TRACE_INT_COLUMNS, TRACE_NULLABLE_COLUMNS, TRACE_STRING_COLUMNS,
                                       TraceBatch)
 
@@ -28,7 +28,8 @@ MESSAGE_COLUMN = "_msg"
 
 
 
-_SCHEMAS = {table.name: table.arrow_schema() for table in (FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_METADATA)}
+_SCHEMAS = {table.name: table.arrow_schema() for table in (FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_METADATA,
+                                                              INPUT_REJECTS)}
 
 
 def _constant_strings(values: list[str], counts: list[int]) -> pa.DictionaryArray:
@@ -158,5 +159,8 @@ def project(envelopes: list[Envelope]) -> dict[str, pa.Table]:
         "process_groups": _rows_table(_group_rows(by_kind[PayloadKind.PG_CONFIG]), _SCHEMAS["process_groups"]),
         "heartbeats": _rows_table(_heartbeat_rows(by_kind[PayloadKind.HEARTBEAT]), _SCHEMAS["heartbeats"]),
         "rank_metadata": _rows_table(_metadata_rows(by_kind[PayloadKind.RANK_META]), _SCHEMAS["rank_metadata"]),
+        "input_rejects": _rows_table([{MESSAGE_COLUMN: i, "run_id": e.run_id, "rank": e.rank, **row}
+                                      for i, e in by_kind[PayloadKind.INPUT_REJECTS] for row in e.payload.rows],
+                                     _SCHEMAS["input_rejects"]),
     }
     return {name: table for name, table in tables.items() if table is not None}

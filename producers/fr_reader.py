@@ -23,13 +23,15 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from itertools import chain, repeat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rankstream.producers.importing import check_input_file, content_session_id
 from rankstream.schemas.errors import BadInput
-from rankstream.schemas.fields import PayloadError
+from rankstream.schemas.fields import PayloadError, check_record
+from rankstream.schemas.records import FR_FIELDS
 from rankstream.schemas.safe_pickle import UnsafePickle, safe_loads
 from rankstream.schemas.tables import FR_ENTRIES
 
@@ -53,6 +55,8 @@ class FrDump:
     status: dict[str, dict[str, int]]
     backend: str | None
     session_id: str
+    #: Entries that failed validation, as ``input_rejects`` rows (the others are imported).
+    rejects: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse_dump(raw: bytes, source: str, *, entries: bool = True) -> dict[str, Any]:
@@ -70,7 +74,64 @@ def parse_dump(raw: bytes, source: str, *, entries: bool = True) -> dict[str, An
         raise BadInput(f"{source}: {exc}") from None
     if not isinstance(dump, dict) or (entries and not isinstance(dump.get("entries"), list)):
         raise BadInput(f"{source}: not a Flight Recorder dump (expected a map with a list 'entries')")
+    if isinstance(dump.get("entries"), list):
+        _check_expansion(dump["entries"], len(raw), source)
     return dump
+
+
+#: The fields of an entry that the readers walk into: the sizes, lists of lists, down to their
+#: integers; the others only one level (their items are scalars, checked by type, never walked).
+_NESTED, _FLAT = ("input_sizes", "output_sizes"), ("input_dtypes", "output_dtypes", "frames", "process_group")
+
+
+def expansion_limit(size_bytes: int) -> int:
+    """How many elements a dump of ``size_bytes`` may expand to. Every element costs at least one
+    byte of a pickle unless it is a shared reference; torch shares only a few (repeated stack
+    frames), so 16 per byte plus a margin is far above any real dump and far below a pickle bomb."""
+    return 2_000_000 + 16 * size_bytes
+
+
+def _check_expansion(entries: list, size_bytes: int, source: str) -> None:
+    """Refuse a dump whose shared references expand past ``expansion_limit`` (a pickle bomb of a
+    few hundred bytes can name 10^13 sizes; Arrow alone would spend hours formatting the error).
+    The walk goes level by level and stops at the limit, so it costs at most that many steps; on a
+    dump of torch's layout it runs in C (``map``, ``chain``) without building lists."""
+    limit = expansion_limit(size_bytes)
+    plain = set(map(type, entries)) <= {dict}
+    total = len(entries)
+    for name in _NESTED + _FLAT:
+        values = (list(map(dict.get, entries, repeat(name))) if plain
+                  else [e.get(name) if isinstance(e, dict) else None for e in entries])
+        total += _expanded_size(values, name in _NESTED, limit - total)
+        if total > limit:
+            raise BadInput(f"{source}: its shared references expand to more than {limit:,} elements "
+                           f"(in {name!r}): refused")
+
+
+_SCALARS = {int, str, float, bool, type(None)}
+
+
+def _expanded_size(values: list, nested: bool, budget: int) -> int:
+    """Elements under the containers in ``values`` (down to scalars when ``nested``), counted until
+    past ``budget``. The fast path assumes torch's layout (every value a container, sizes holding
+    lists of integers); anything else takes the slow, filtering path."""
+    try:
+        total = sum(map(len, values))
+        if not nested or total > budget:
+            return total
+        inner = list(chain.from_iterable(values))  # at most ``budget`` items
+        total += sum(map(len, inner))
+        if total > budget or set(map(type, chain.from_iterable(inner))) <= _SCALARS:
+            return total
+    except TypeError:  # None or scalars where containers were expected
+        pass
+    total, level = 0, [v for v in values if isinstance(v, (list, tuple, dict))]
+    while level:
+        total += sum(map(len, level))
+        if total > budget or not nested:
+            return total
+        level = [v for v in chain.from_iterable(level) if isinstance(v, (list, tuple, dict))]  # <= budget items
+    return total
 
 
 def backend_of(profiling_names: Iterable[str]) -> str | None:
@@ -84,16 +145,24 @@ def read_fr_dump(path: Path, rank: int) -> FrDump:
     check_input_file(path)
     raw = path.read_bytes()
     dump = parse_dump(raw, str(path))
-    entries = []
+    entries, rejects = [], []
     for index, entry in enumerate(dump["entries"]):
         try:
-            entries.append(entry_from_dump(entry))
+            entries.append(check_record(entry_from_dump(entry), FR_FIELDS, f"entry {index}"))
         except PayloadError as exc:
-            raise BadInput(f"{path}: entry {index}: {exc}") from None
+            rejects.append({"source": str(path), "item": index, "reason": str(exc), "raw": _as_json(entry)})
+    if dump["entries"] and not entries:
+        raise BadInput(f"{path}: none of its {len(dump['entries'])} entries is a Flight Recorder entry; "
+                       f"the first: {rejects[0]['reason']}")
     backend = backend_of(e["profiling_name"] for e in entries)
     return FrDump(path=path, rank=rank, entries=entries, groups=groups_from_pg_config(dump.get("pg_config"), backend),
                   status=status_from_pg_status(dump.get("pg_status")), backend=backend,
-                  session_id=content_session_id(path.name, raw))
+                  session_id=content_session_id(path.name, raw), rejects=rejects)
+
+
+def _as_json(item: Any) -> str:
+    """An item of an input file as JSON for its reject row (cut at 64 kB; what JSON cannot say, as repr)."""
+    return json.dumps(item, default=repr)[:65536]
 
 
 def entry_from_dump(entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class ImportSummary:
     messages: int = 0
     sessions: list[str] = field(default_factory=list)
     materialized: bool = False
+    #: Items that failed validation, published as ``input_rejects`` rows instead.
+    rejected: int = 0
 
 
 def check_input_file(path: Path) -> None:

@@ -70,7 +70,7 @@ class ProducerStats:
 
 
 _EMIT_CALLS = ("emit", "emit_batch", "offer_batch", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata",
-               "set_collectives")
+               "emit_input_rejects", "set_collectives")
 
 
 def _noop(*_args: Any, **_kwargs: Any) -> None:
@@ -191,6 +191,10 @@ class Producer(SenderLoop):
     def emit_fr_entries(self, entries: Iterable[Mapping[str, Any]], snapshot_ns: int | None = None) -> None:
         """Queue Flight Recorder entries already in rankstream's field names (see schemas.records)."""
         self._control.append((PayloadKind.FR_BATCH, (list(entries), snapshot_ns or time.time_ns())))
+
+    def emit_input_rejects(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Queue the items of an imported file that failed validation (see ``schemas.records.InputRejects``)."""
+        self._control.append((PayloadKind.INPUT_REJECTS, [dict(r) for r in rows]))
 
     def emit_process_groups(self, groups: Iterable[Mapping[str, Any]]) -> None:
         """Queue the process groups this rank knows (``pg_name``, ``pg_desc``, ``ranks``, ``backend``)."""

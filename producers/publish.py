@@ -79,9 +79,12 @@ def publish_fr_dumps(config: Config, directory: Path, *, prefix: str = "rank",
                 producer.emit_fr_entries(dump.entries[start:start + _FR_CHUNK])
             if dump.status:
                 producer.set_collectives(dump.status)
+            for start in range(0, len(dump.rejects), _FR_CHUNK):
+                producer.emit_input_rejects(dump.rejects[start:start + _FR_CHUNK])
             return {dump.rank: len(dump.entries)}
 
         publish_ranks(config, summary.run_id, [dump.rank], world_size=world_size, session_id=dump.session_id, fill=fill, summary=summary)
+        summary.rejected += len(dump.rejects)
     return summary
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from rankstream.producers.spool import SpooledMessage
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind
-from rankstream.schemas.records import HEARTBEAT_COUNTERS, FrBatch, Heartbeat, PgConfig, RankMeta
+from rankstream.schemas.records import HEARTBEAT_COUNTERS, FrBatch, Heartbeat, InputRejects, PgConfig, RankMeta
 from rankstream.schemas.trace import TraceBatch
 
 __all__ = ["SenderLoop"]
@@ -140,6 +140,8 @@ class SenderLoop:
                 if kind is PayloadKind.FR_BATCH:
                     entries, snapshot_ns = data
                     wire = FrBatch(snapshot_ns=snapshot_ns, entries=entries).to_wire()
+                elif kind is PayloadKind.INPUT_REJECTS:
+                    wire = InputRejects(rows=data).to_wire()
                 elif kind is PayloadKind.PG_CONFIG:
                     wire = PgConfig(groups=data).to_wire()
                     self._groups = data

@@ -33,6 +33,7 @@ class PayloadKind(str, enum.Enum):
     PG_CONFIG = "pg_config"
     RANK_META = "rank_meta"
     HEARTBEAT = "heartbeat"
+    INPUT_REJECTS = "input_rejects"
 
     @property
     def stream(self) -> Stream:
@@ -45,6 +46,7 @@ _STREAM_OF = {
     PayloadKind.PG_CONFIG: Stream.FR,
     PayloadKind.RANK_META: Stream.CONTROL,
     PayloadKind.HEARTBEAT: Stream.CONTROL,
+    PayloadKind.INPUT_REJECTS: Stream.CONTROL,
 }
 
 

@@ -22,9 +22,10 @@ from rankstream.schemas.fields import (
     list_of,
     text,
 )
-from rankstream.schemas.tables import FR_ENTRIES, HEARTBEAT_COUNTERS, HEARTBEATS, PROCESS_GROUPS, RANK_METADATA
+from rankstream.schemas.tables import (FR_ENTRIES, HEARTBEAT_COUNTERS, HEARTBEATS, INPUT_REJECTS, PROCESS_GROUPS,
+                                       RANK_METADATA)
 
-__all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "FR_FIELDS", "HEARTBEAT_COUNTERS", "wire_spec"]
+__all__ = ["FrBatch", "PgConfig", "RankMeta", "Heartbeat", "InputRejects", "FR_FIELDS", "HEARTBEAT_COUNTERS", "wire_spec"]
 
 MAX_RECORDS = 100_000
 
@@ -61,6 +62,7 @@ FR_FIELDS = wire_spec(FR_ENTRIES)
 _GROUP = wire_spec(PROCESS_GROUPS)
 _RANK_META = wire_spec(RANK_METADATA)
 _HEARTBEAT = wire_spec(HEARTBEATS)
+_INPUT_REJECT = wire_spec(INPUT_REJECTS)
 
 
 def _records(wire: Any, key: str, what: str) -> list:
@@ -134,3 +136,18 @@ class Heartbeat:
     @classmethod
     def from_wire(cls, wire: Any) -> "Heartbeat":
         return cls(fields=check_record(wire, _HEARTBEAT, "heartbeat"))
+
+
+@dataclass(frozen=True, slots=True)
+class InputRejects:
+    """Items of an imported file that failed validation (``source``, ``item``, ``reason``, ``raw``):
+    the importer publishes the rest and these, so nothing of the file is lost silently."""
+
+    rows: list[dict[str, Any]]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rows": self.rows}
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> "InputRejects":
+        return cls(rows=[check_record(r, _INPUT_REJECT, "input reject") for r in _records(wire, "rows", "input rejects")])

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from rankstream.schemas import trace
 from rankstream.schemas.envelope import PayloadKind
 from rankstream.schemas.fields import PayloadError
-from rankstream.schemas.records import FrBatch, Heartbeat, PgConfig, RankMeta
+from rankstream.schemas.records import FrBatch, Heartbeat, InputRejects, PgConfig, RankMeta
 from rankstream.schemas.trace import TraceBatch
 
 __all__ = ["PAYLOAD_TYPES", "CURRENT_VERSIONS", "UPCASTERS", "read_payload"]
@@ -23,6 +23,7 @@ PAYLOAD_TYPES = {
     PayloadKind.PG_CONFIG: PgConfig,
     PayloadKind.RANK_META: RankMeta,
     PayloadKind.HEARTBEAT: Heartbeat,
+    PayloadKind.INPUT_REJECTS: InputRejects,
 }
 
 CURRENT_VERSIONS = {
@@ -31,6 +32,7 @@ CURRENT_VERSIONS = {
     PayloadKind.PG_CONFIG: 1,
     PayloadKind.RANK_META: 1,
     PayloadKind.HEARTBEAT: 1,
+    PayloadKind.INPUT_REJECTS: 1,
 }
 
 UPCASTERS: dict[tuple[PayloadKind, int], Callable[[Any], Any]] = {

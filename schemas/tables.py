@@ -16,7 +16,7 @@ from rankstream.schemas.analysis_tables import ANALYSIS_TABLES
 from rankstream.schemas.columns import Column as C
 from rankstream.schemas.columns import Table
 
-__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "HEARTBEAT_COUNTERS", "RANK_METADATA", "REJECTS", "TABLES", "table",
+__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "HEARTBEAT_COUNTERS", "RANK_METADATA", "REJECTS", "INPUT_REJECTS", "TABLES", "table",
            "PROJECTION_TABLES", "BOOKKEEPING_TABLES", "ddl", "SCHEMA_VERSION", "EXISTING_COLUMNS_SQL"]
 
 _RUN, _RANK = C("run_id", "VARCHAR", not_null=True), C("rank", "INTEGER", not_null=True)
@@ -132,8 +132,17 @@ CONSUMER_OFFSETS = Table("consumer_offsets", "The next offset to read per partit
     C("next_offset", "BIGINT", not_null=True),
 ), primary_key=("topic", "partition"))
 
+INPUT_REJECTS = Table("input_rejects", "Items of imported files that failed validation, while the rest of the file "
+                      "was imported: the file, the item's index in it, why, and the item itself as JSON.", (
+    _RUN, _RANK,
+    C("source", "VARCHAR", "the file", wire="required"),
+    C("item", "BIGINT", "the entry's or event's index in the file", wire="required"),
+    C("reason", "VARCHAR", "the field and what is wrong with it", wire="required"),
+    C("raw", "VARCHAR", "the item as JSON (cut at 64 kB)", wire="optional"),
+))
+
 #: Filled from the bus; a rebuild empties them.
-PROJECTION_TABLES = (TRACE_EVENTS, FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_METADATA, REJECTS)
+PROJECTION_TABLES = (TRACE_EVENTS, FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_METADATA, REJECTS, INPUT_REJECTS)
 #: The materializer's own position; a rebuild empties these too.
 BOOKKEEPING_TABLES = (INGESTED_BATCHES, BUS_INCARNATION, CONSUMER_OFFSETS)
 TABLES = PROJECTION_TABLES + BOOKKEEPING_TABLES + ANALYSIS_TABLES

@@ -73,7 +73,7 @@ def _read_chunk(job: tuple[list[tuple[int, str]], frozenset | None]) -> _Chunk |
                     entries = [e for e in entries if isinstance(e, dict) and _group_matches(e, pg_filters)]
                 try:
                     batch.add(entry_table(entries), rank, mine)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError):  # not torch's exact types
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, IndexError, OverflowError):  # not torch's exact types
                     batch.flush()
                     parts.append(from_dump_entries(entries, rank, mine, vocabulary=vocabulary))
                 del dump, entries

@@ -17,6 +17,10 @@ from rankstream.cli.app import app, config, console, import_app, server_module
 def _report_import(summary) -> None:
     ranks = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(summary.ranks.items()))
     console.print(f"imported into run {summary.run_id!r}: {ranks} ({summary.messages} messages)")
+    if summary.rejected:
+        console.print(f"[yellow]{summary.rejected} item(s) failed validation and were not imported: "
+                      f"rankstream sql \"SELECT * FROM input_rejects WHERE run_id = '{summary.run_id}'\"[/]")
+        raise typer.Exit(1)
 
 
 @import_app.command("fr", epilog="Example: rankstream import fr dumps/ --prefix rank_ --run job-42")

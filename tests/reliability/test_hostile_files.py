@@ -73,3 +73,60 @@ def test_bad_flight_recorder_dumps_get_one_line(tmp_path, content):
     result = run_import(tmp_path, "fr", str(dumps), "--prefix", "rank_")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "rank_0" in lines[0], result.stderr
+
+
+def _pickle_bomb() -> bytes:
+    """About 500 bytes naming 10^13 sizes through shared references (the probe's input)."""
+    import pickle
+
+    sizes: list = [1] * 10
+    for _ in range(12):
+        sizes = [sizes] * 10
+    entry = {"record_id": 1, "profiling_name": "nccl:all_reduce", "input_sizes": sizes, "collective_seq_id": 1,
+             "process_group": ("0", "default_pg")}
+    return pickle.dumps({"version": "2.4", "entries": [entry] * 5})
+
+
+@pytest.mark.parametrize("command", [["import", "fr"], ["diagnose"]])
+def test_a_pickle_bomb_is_refused_in_one_line(tmp_path, command):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "rank_0").write_bytes(_pickle_bomb())
+    env = {**os.environ, "RANKSTREAM_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "RANKSTREAM_DB_PATH": str(tmp_path / "db"),
+           "RANKSTREAM_STATE_DIR": str(tmp_path / "state")}
+    result = subprocess.run([sys.executable, "-m", "rankstream", *command, str(dumps), "--prefix", "rank_"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "rank_0" in lines[0] and "expand" in lines[0], result.stderr
+
+
+def test_reading_a_pickle_bomb_stops_within_a_second_and_100_mb(tmp_path):
+    """Measured in a fresh interpreter: the time and the peak memory the read itself adds."""
+    path = tmp_path / "rank_0"
+    path.write_bytes(_pickle_bomb())
+    probe = ("import resource, sys, time\n"
+             "from rankstream.producers.fr_reader import parse_dump\n"
+             "from rankstream.schemas.errors import BadInput\n"
+             "raw = open(sys.argv[1], 'rb').read()\n"
+             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "started = time.perf_counter()\n"
+             "try:\n    parse_dump(raw, 'bomb')\nexcept BadInput:\n    pass\nelse:\n    sys.exit('accepted')\n"
+             "print(time.perf_counter() - started, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr + done.stdout
+    seconds, megabytes = map(float, done.stdout.split())
+    assert seconds <= 1.0 and megabytes <= 100, (seconds, megabytes)
+
+
+def test_diagnose_names_the_file_of_an_entry_that_does_not_fit(tmp_path):
+    import pickle
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    entry = {"record_id": 2**64 + 5, "profiling_name": "nccl:all_reduce", "input_sizes": [[4]], "collective_seq_id": 1,
+             "process_group": ("0", "default_pg")}
+    (dumps / "rank_0").write_bytes(pickle.dumps({"entries": [entry]}))
+    result = subprocess.run([sys.executable, "-m", "rankstream", "diagnose", str(dumps), "--prefix", "rank_"],
+                            capture_output=True, text=True, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "rank_0" in lines[0] and "record_id" in lines[0], result.stderr
