@@ -14,9 +14,10 @@ import pyarrow as pa
 from rankstream.consumers.projector import MESSAGE_COLUMN, project
 from rankstream.schemas.codec import DecodeFailure, decode
 from rankstream.schemas.envelope import Envelope
+from rankstream.schemas.trace import TraceBatch
 from rankstream.schemas.topics import Record, parse_message_key
 
-__all__ = ["PreparedBatch", "prepare", "reject_row", "conflict_reason"]
+__all__ = ["PreparedBatch", "prepare", "reject_row", "conflict_reason", "same_content"]
 
 
 @dataclass
@@ -63,7 +64,7 @@ def prepare(records: list[Record]) -> PreparedBatch:
         elif decoded.key not in seen:
             seen[decoded.key] = (len(accepted), _content(decoded))
             accepted.append((record, decoded))
-        elif seen[decoded.key][1] == _content(decoded):
+        elif same_content(seen[decoded.key][1], _content(decoded)):
             repeats.append((seen[decoded.key][0], record))  # a resend, unless its first copy conflicts
         else:
             rejects.append(reject_row(record, DecodeFailure(
@@ -90,14 +91,23 @@ def reject_row(record: Record, failure: DecodeFailure) -> dict:
     }
 
 
-def _content(envelope: Envelope) -> tuple[str, int]:
-    """What a resend must repeat exactly: the payload kind and its event count."""
-    return envelope.kind.value, getattr(envelope.payload, "count", 0)
+def _content(envelope: Envelope) -> tuple[str, int, int | None]:
+    """What a resend must repeat exactly: the payload kind, its event count and, for trace
+    batches, their checksum (the other payloads carry their send time, which a re-import renews)."""
+    digest = envelope.payload.digest() if isinstance(envelope.payload, TraceBatch) else None
+    return envelope.kind.value, getattr(envelope.payload, "count", 0), digest
 
 
-def conflict_reason(first: tuple[str, int], repeat: tuple[str, int]) -> str:
-    return (f"conflicting repeat: this batch key was first a {first[0]} of {first[1]} events, the repeat is a "
-            f"{repeat[0]} of {repeat[1]} events (a resend repeats its batch exactly)")
+def same_content(first: tuple, repeat: tuple) -> bool:
+    """Whether a repeated batch key carries the same batch (a digest unknown on either side, as for
+    batches stored before digests were kept, is not compared)."""
+    return first[:2] == repeat[:2] and (first[2] is None or repeat[2] is None or first[2] == repeat[2])
+
+
+def conflict_reason(first: tuple, repeat: tuple) -> str:
+    other = "other events" if first[:2] == repeat[:2] else f"a {repeat[0]} of {repeat[1]} events"
+    return (f"conflicting repeat: this batch key was first a {first[0]} of {first[1]} events, the repeat is "
+            f"{other} (a resend repeats its batch exactly)")
 
 
 def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
@@ -110,6 +120,7 @@ def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
         "seq": pa.array([e.seq for _, e in accepted], pa.int64()),
         "kind": pa.array([e.kind.value for _, e in accepted], pa.string()),
         "events": pa.array([_content(e)[1] for _, e in accepted], pa.int64()),
+        "digest": pa.array([_content(e)[2] for _, e in accepted], pa.int64()),
         "topic": pa.array([r.topic for r, _ in accepted], pa.string()),
         "partition": pa.array([r.partition for r, _ in accepted], pa.int32()),
         "kafka_offset": pa.array([r.offset for r, _ in accepted], pa.int64()),

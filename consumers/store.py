@@ -20,7 +20,7 @@ from typing import Iterator, Mapping
 import duckdb
 import pyarrow as pa
 
-from rankstream.consumers.prepare import PreparedBatch, conflict_reason, prepare
+from rankstream.consumers.prepare import PreparedBatch, conflict_reason, prepare, same_content
 from rankstream.consumers.projector import MESSAGE_COLUMN
 from rankstream.schemas.topics import Record
 from rankstream.schemas.errors import DatabaseBusy, RankstreamError, StorageUnavailable
@@ -200,12 +200,13 @@ class Store:
             return set(), {}
         with _registered(self.connection, "_candidate_keys", keys):
             known = self.connection.execute(
-                f"SELECT c.{MESSAGE_COLUMN}, b.kind, b.events, c.kind, c.events FROM _candidate_keys c "
+                f"SELECT c.{MESSAGE_COLUMN}, b.kind, b.events, b.digest, c.kind, c.events, c.digest FROM _candidate_keys c "
                 "JOIN ingested_batches b ON b.run_id = c.run_id AND b.rank = c.rank AND b.stream = c.stream "
                 "AND b.session_id = c.session_id AND b.seq = c.seq"
             ).fetchall()
-        conflicts = {index: conflict_reason(stored, (kind, events))
-                     for index, *stored, kind, events in known if tuple(stored) != (kind, events)}
+        conflicts = {index: conflict_reason((kind, events, digest), (c_kind, c_events, c_digest))
+                     for index, kind, events, digest, c_kind, c_events, c_digest in known
+                     if not same_content((kind, events, digest), (c_kind, c_events, c_digest))}
         return {index for index, *_ in known}, conflicts
 
     def _advance(self, next_offsets: dict[tuple[str, int], int]) -> None:

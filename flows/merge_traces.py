@@ -33,6 +33,7 @@ from rankstream.consumers.query import Database
 from rankstream.flows.clocks import clock_offsets, align_clocks
 from rankstream.flows.timeline import TimelineResult, write_timeline
 from rankstream.producers.batch_file import BatchFile
+from rankstream.schemas.errors import BadInput
 from rankstream.producers.import_trace import TRACE_BASE_KEY, TraceFile, check_inputs, file_parts, scan_files
 from rankstream.producers.trace_sql_reader import insert_array_trace
 from rankstream.schemas.tables import ddl
@@ -83,6 +84,8 @@ def scratch_run(paths: list[Path], *, rank: int | None = None, batch_events: int
             scanned = iter(scan_files(rest, rank, batch_events, directory=Path(scratch), fallback_rank=fallback_rank)
                            if rest else [])
             for index, info in enumerate(scanned):
+                if info.rejects:  # no rejects table here: a file is used whole or not at all
+                    raise BadInput(f"{info.path}: {info.rejects[0]['reason']} ({len(info.rejects)} bad event(s))")
                 with BatchFile(Path(scratch) / str(index)) as batches:
                     _insert(connection, info, batches)
                 files[files.index(None)] = info

@@ -199,6 +199,11 @@ class Delivery:
         with self._lock:
             self._dropped += events
 
+    def note_error(self, message: str) -> None:
+        """Keep ``message`` as the last error: a problem of the data rather than of the broker."""
+        with self._lock:
+            self._last_error = message[:300]
+
     # -- broker incarnations -----------------------------------------------------------------
     def _resend_if_reset(self, now: float) -> None:
         """When the broker lost what it had acknowledged, submit the resend window again."""

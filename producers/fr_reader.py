@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rankstream.producers.importing import check_input_file, content_session_id
+from rankstream.producers.importing import check_input_file, content_session_id, item_as_json
 from rankstream.schemas.errors import BadInput
 from rankstream.schemas.fields import PayloadError, check_record
 from rankstream.schemas.records import FR_FIELDS
@@ -148,21 +148,16 @@ def read_fr_dump(path: Path, rank: int) -> FrDump:
     entries, rejects = [], []
     for index, entry in enumerate(dump["entries"]):
         try:
-            entries.append(check_record(entry_from_dump(entry), FR_FIELDS, f"entry {index}"))
+            entries.append(check_record(entry_from_dump(entry), FR_FIELDS, "FR entry"))
         except PayloadError as exc:
-            rejects.append({"source": str(path), "item": index, "reason": str(exc), "raw": _as_json(entry)})
+            rejects.append({"source": str(path), "item": index, "reason": f"entry {index}: {exc}",
+                            "raw": item_as_json(entry)})
     if dump["entries"] and not entries:
-        raise BadInput(f"{path}: none of its {len(dump['entries'])} entries is a Flight Recorder entry; "
-                       f"the first: {rejects[0]['reason']}")
+        raise BadInput(f"{path}: {rejects[0]['reason']} (none of its {len(rejects)} entries is valid)")
     backend = backend_of(e["profiling_name"] for e in entries)
     return FrDump(path=path, rank=rank, entries=entries, groups=groups_from_pg_config(dump.get("pg_config"), backend),
                   status=status_from_pg_status(dump.get("pg_status")), backend=backend,
                   session_id=content_session_id(path.name, raw), rejects=rejects)
-
-
-def _as_json(item: Any) -> str:
-    """An item of an input file as JSON for its reject row (cut at 64 kB; what JSON cannot say, as repr)."""
-    return json.dumps(item, default=repr)[:65536]
 
 
 def entry_from_dump(entry: Mapping[str, Any]) -> dict[str, Any]:

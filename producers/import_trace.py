@@ -40,18 +40,17 @@ import ijson
 import numpy as np
 
 from rankstream.schemas.errors import BadInput, RankstreamError
-from rankstream.producers.importing import check_input_file, content_session_id
+from rankstream.producers.importing import check_input_file, content_session_id, item_as_json
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.trace_columns import (Steps, as_int, event_columns, finish_batch, step_number, steps_by_pid,
                                                 trace_batches)
 from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
+from rankstream.producers.trace_validation import CHROME_PHASES, checked_chunk
 from rankstream.schemas.trace import TraceBatch
 
 __all__ = ["CHROME_PHASES", "rank_in_name", "TraceFile", "scan_trace", "check_inputs", "scan_files", "file_parts"]
 
 _RANK_IN_NAME = re.compile(r"rank[_\-]?(\d+)", re.IGNORECASE)
-CHROME_PHASES = frozenset("BEXiICMsftbnePONDRcVv()")
-_NUMBERS = frozenset({int, float})
 
 
 #: The rank-metadata key that carries a file's time base (``baseTimeNanoseconds``, 0 when its times
@@ -75,48 +74,14 @@ class TraceFile:
     #: Integer pids seen: the ranks of a merged trace.
     pids: set[int] = field(default_factory=set)
     session_id: str = ""
+    #: Events refused by ``trace_validation``, as ``input_rejects`` rows (the others are imported).
+    rejects: list[dict] = field(default_factory=list)
 
 
 def rank_in_name(path: Path) -> int | None:
     """The rank a file's name gives (``rank3``, ``rank_3``, ``rank-3``), if any."""
     match = _RANK_IN_NAME.search(path.name)
     return int(match.group(1)) if match else None
-
-
-def _check_event(path: Path, index: int, event: Any) -> bool:
-    """True for an event to import, False for one to skip ({} padding); raises on a bad one."""
-    if not isinstance(event, dict):
-        raise BadInput(f"{path}: event {index} is not a JSON object")
-    if not event:
-        return False
-    if not isinstance(event.get("ph"), str) or event["ph"] not in CHROME_PHASES:
-        raise BadInput(f"{path}: event {index} has no valid 'ph' phase ({event.get('ph')!r})")
-    ts = event.get("ts", 0)
-    if not isinstance(ts, (int, float)) or ts != ts:
-        raise BadInput(f"{path}: event {index} has a non-numeric 'ts' ({ts!r})")
-    duration = event.get("dur", 0)
-    if not isinstance(duration, (int, float)) or duration < 0:
-        raise BadInput(f"{path}: event {index} has a negative or non-numeric 'dur' ({duration!r})")
-    return True
-
-
-def _checked(path: Path, first_index: int, chunk: list) -> list[dict]:
-    """The chunk's events to import ({} padding left out); raises on the first bad one. Whole
-    columns are checked at once, and only a chunk that fails is checked event by event, which
-    finds the event to name."""
-    try:
-        if all(type(e) is dict for e in chunk):
-            events = [e for e in chunk if e]
-            times = [e.get("ts", 0) for e in events]
-            durations = [e.get("dur", 0) for e in events]
-            time_types = set(map(type, times))
-            if ({e.get("ph") for e in events} <= CHROME_PHASES and time_types <= _NUMBERS
-                    and not (float in time_types and any(t != t for t in times))  # NaN
-                    and set(map(type, durations)) <= _NUMBERS and min(durations, default=0) >= 0):
-                return events
-    except TypeError:  # an unhashable phase
-        pass
-    return [e for i, e in enumerate(chunk) if _check_event(path, first_index + i, e)]
 
 
 def _step_spans(events: list[dict]) -> list[tuple[Any, int, int, int]]:
@@ -144,7 +109,9 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
         try:
             index = 0
             for chunk in event_chunks(path, recorder):
-                events = _checked(path, index, chunk)
+                events, refused = checked_chunk(chunk)
+                info.rejects += [{"source": str(path), "item": index + at, "reason": f"event {index + at}: {problem}",
+                                  "raw": item_as_json(chunk[at])} for at, problem in refused]
                 index += len(chunk)
                 info.events += len(events)
                 try:
@@ -160,7 +127,8 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
             raise BadInput(f"{path}: not readable as a Chrome trace: {type(exc).__name__}: {reason}"[:400]) from None
         digest = zlib.crc32(recorder.head + recorder.tail)
     if info.events == 0:
-        raise BadInput(f"{path}: contains no trace events")
+        raise BadInput(f"{path}: " + (f"{info.rejects[0]['reason']} (none of its {len(info.rejects)} events is valid)"
+                                      if info.rejects else "contains no trace events"))
     info.pids = {p for p in pids if isinstance(p, int) and not isinstance(p, bool)}
     info.base_ns, distributed = read_metadata(recorder.head, recorder.tail)
     info.rank = rank

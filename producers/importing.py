@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rankstream.schemas.errors import BadInput
 
@@ -34,6 +36,12 @@ class ImportSummary:
     materialized: bool = False
     #: Items that failed validation, published as ``input_rejects`` rows instead.
     rejected: int = 0
+
+
+def item_as_json(item: Any) -> str:
+    """An entry or event of an input file as JSON for its ``input_rejects`` row (cut at 64 kB; what
+    JSON cannot say, as its repr). Called after the reader bounded the item's size."""
+    return json.dumps(item, default=repr)[:65536]
 
 
 def check_input_file(path: Path) -> None:

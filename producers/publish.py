@@ -24,8 +24,8 @@ from rankstream.schemas.errors import BrokerUnavailable, RankstreamError
 
 __all__ = ["publish_fr_dumps", "publish_traces", "publish_ranks"]
 
-#: FR entries per message.
-_FR_CHUNK = 1000
+#: Flight Recorder entries, or rejected items, per message.
+_RECORDS_PER_MESSAGE = 1000
 
 
 #: An importer waits while a producer holds more events than this: it reads files faster than the
@@ -75,12 +75,12 @@ def publish_fr_dumps(config: Config, directory: Path, *, prefix: str = "rank",
                 producer.emit_rank_metadata(backend=dump.backend, metadata={"imported_from": str(dump.path)})
             if dump.groups:
                 producer.emit_process_groups(dump.groups)
-            for start in range(0, len(dump.entries), _FR_CHUNK):
-                producer.emit_fr_entries(dump.entries[start:start + _FR_CHUNK])
+            for start in range(0, len(dump.entries), _RECORDS_PER_MESSAGE):
+                producer.emit_fr_entries(dump.entries[start:start + _RECORDS_PER_MESSAGE])
             if dump.status:
                 producer.set_collectives(dump.status)
-            for start in range(0, len(dump.rejects), _FR_CHUNK):
-                producer.emit_input_rejects(dump.rejects[start:start + _FR_CHUNK])
+            for start in range(0, len(dump.rejects), _RECORDS_PER_MESSAGE):
+                producer.emit_input_rejects(dump.rejects[start:start + _RECORDS_PER_MESSAGE])
             return {dump.rank: len(dump.entries)}
 
         publish_ranks(config, summary.run_id, [dump.rank], world_size=world_size, session_id=dump.session_id, fill=fill, summary=summary)
@@ -93,6 +93,9 @@ def _emit_events(info: TraceFile, batches: BatchFile, producers: dict) -> dict[i
     GPU analyses put times on the file's microsecond grid, as HTA reads them)."""
     for producer in producers.values():
         producer.emit_rank_metadata(metadata={"imported_from": str(info.path), TRACE_BASE_KEY: info.base_ns})
+    first = producers[min(producers)]
+    for start in range(0, len(info.rejects), _RECORDS_PER_MESSAGE):
+        first.emit_input_rejects(info.rejects[start:start + _RECORDS_PER_MESSAGE])
     counts = dict.fromkeys(producers, 0)
     for rank, part in file_parts(info, batches):
         if rank in producers:
@@ -116,4 +119,5 @@ def publish_traces(config: Config, paths: list[Path], *, run_id: str | None = No
                 publish_ranks(config, summary.run_id, targets, world_size=world_size, session_id=info.session_id,
                               fill=lambda producers, info=info, batches=batches: _emit_events(info, batches, producers),
                               summary=summary)
+            summary.rejected += len(info.rejects)
     return summary

@@ -16,7 +16,8 @@ from rankstream.producers.spool import SpooledMessage
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind
 from rankstream.schemas.records import HEARTBEAT_COUNTERS, FrBatch, Heartbeat, InputRejects, PgConfig, RankMeta
-from rankstream.schemas.trace import TraceBatch
+from rankstream.schemas.fields import PayloadError
+from rankstream.schemas.trace import TraceBatch, row_problem
 
 __all__ = ["SenderLoop"]
 
@@ -98,8 +99,15 @@ class SenderLoop:
 
     def _send_trace_rows(self, rows: list[tuple]) -> None:
         try:
-            wire = TraceBatch.from_rows(rows).to_wire()
-            self._submit(PayloadKind.TRACE_BATCH, wire, len(rows))
+            batch = TraceBatch.from_rows(rows)
+            batch.check_values()
+        except (ValueError, PayloadError):  # some events hold values their columns cannot: drop just those
+            rows = self._drop_invalid(rows)
+            if not rows:
+                return
+            batch = TraceBatch.from_rows(rows)
+        try:
+            self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), len(rows))
         except _TooLarge:
             if len(rows) == 1:
                 self._delivery.count_dropped(1)
@@ -109,6 +117,19 @@ class SenderLoop:
             self._send_trace_rows(rows[half:])
         except Exception:  # a value the encoder cannot take: drop this batch, keep going
             self._delivery.count_dropped(len(rows))
+
+    def _drop_invalid(self, rows: list[tuple]) -> list[tuple]:
+        """The rows that fit their columns; the others are counted as dropped, the first one's
+        problem kept as the producer's last error (``status`` shows both)."""
+        kept = []
+        for row in rows:
+            problem = row_problem(row)
+            if problem is None:
+                kept.append(row)
+            else:
+                self._delivery.count_dropped(1)
+                self._delivery.note_error(f"event {str(row[0])[:80]!r} dropped: {problem}")
+        return kept
 
     def _send_batch(self, batch: TraceBatch) -> None:
         self._batch_events_taken += batch.count

@@ -46,12 +46,13 @@ _MAX_ARGS_CHARS = MAX_MESSAGE_BYTES // 8
 
 
 def as_int(value: Any) -> int:
-    """pid/tid: integers as they are; names (Kineto's "Spans", "Traces") as a stable number."""
+    """pid/tid and flow ids: integers that fit in 64 bits as they are; names (Kineto's "Spans",
+    "Traces") and integers too large for the column as a stable number of their text."""
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, int):
+    if isinstance(value, int) and NULL_INT < value <= _INT64_MAX:
         return value
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2.0**63:
         return int(value)
     return (1 << 40) + zlib.crc32(str(value).encode())
 
@@ -61,7 +62,9 @@ def _texts(values: list) -> list:
 
 
 def _ints(values: list) -> list:
-    return values if set(map(type, values)) <= {int} else [as_int(v) for v in values]
+    if set(map(type, values)) <= {int} and NULL_INT < min(values, default=0) and max(values, default=0) <= _INT64_MAX:
+        return values
+    return [as_int(v) for v in values]
 
 
 def _microseconds_to_ns(values: list) -> np.ndarray | list:
@@ -78,7 +81,16 @@ def _microseconds_to_ns(values: list) -> np.ndarray | list:
         scaled = np.array(values, dtype=np.float64) * 1000
         if np.isfinite(scaled).all() and float(np.abs(scaled).max()) < 2.0**62:
             return scaled.astype(np.int64)
-    return [int(v * 1000) for v in values]
+    return [_ns_or_null(v) for v in values]
+
+
+def _ns_or_null(microseconds: Any) -> int:
+    """One time in ns, or NULL when it is not a finite number or does not fit in 64 bits."""
+    try:
+        ns = int(microseconds * 1000)
+    except (TypeError, ValueError, OverflowError):
+        return NULL_INT
+    return ns if NULL_INT < ns <= _INT64_MAX else NULL_INT
 
 
 def step_number(name: str) -> int | None:

@@ -120,6 +120,7 @@ INGESTED_BATCHES = Table("ingested_batches", "One row per accepted message, writ
     C("seq", "BIGINT", not_null=True), C("kind", "VARCHAR", not_null=True), C("events", "BIGINT", not_null=True),
     C("topic", "VARCHAR", not_null=True), C("partition", "INTEGER", not_null=True),
     C("kafka_offset", "BIGINT", not_null=True),
+    C("digest", "BIGINT", "CRC-32 of a trace batch's events, so a repeat with other events is told from a resend"),
 ))
 
 BUS_INCARNATION = Table("bus_incarnation", "The topic ids of the broker incarnation the offsets belong to: a broker "

@@ -20,7 +20,9 @@ bad input before it reaches DuckDB.
 from __future__ import annotations
 
 import json
+import operator
 import sys
+import zlib
 from array import array
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -38,12 +40,17 @@ __all__ = [
     "TRACE_ROW_FIELDS",
     "NULL_INT",
     "MAX_BATCH_EVENTS",
+    "MAX_TIMESTAMP_NS",
+    "row_problem",
 ]
 
 NULL_INT = -(2**63)
 MAX_BATCH_EVENTS = 1_000_000
 #: A span longer than 30 days is a corrupt timestamp, not a measurement.
 MAX_DURATION_NS = 30 * 24 * 3600 * 10**9
+#: The latest timestamp accepted (2^62 ns: the year 2116), so that ts + dur, and the clock offsets
+#: and unit conversions the analyses apply, always fit in int64: one event can never break its run.
+MAX_TIMESTAMP_NS = 2**62
 
 TRACE_STRING_COLUMNS = ("name", "cat", "ph")
 TRACE_INT_COLUMNS = ("ts_ns", "dur_ns", "pid", "tid", "step", "flow_id", "correlation_id")
@@ -67,7 +74,7 @@ def _dictionary_encode(values: Sequence[Any]) -> tuple[list[str], bytes]:
     return [v if type(v) is str else str(v) for v in index], codes.tobytes()
 
 
-def _int_column(values: Sequence[Any]) -> bytes:
+def _int_column(values: Sequence[Any], name: str) -> bytes:
     nulls = values.count(None)
     if nulls == len(values):  # a column nobody filled: common for flow ids
         column = array("q", [NULL_INT]) * len(values)
@@ -75,20 +82,40 @@ def _int_column(values: Sequence[Any]) -> bytes:
         try:  # a column with some NULLs (correlation ids of ops, none on spans) stays in C too
             column = array("q", [NULL_INT if v is None else v for v in values] if nulls else values)
         except (TypeError, OverflowError):
-            column = array("q", [_to_int(v) for v in values])
+            column = array("q", [_to_int(v, name) for v in values])
     if _BIG_ENDIAN:
         column.byteswap()
     return column.tobytes()
 
 
-def _to_int(value: Any) -> int:
+def _to_int(value: Any, name: str) -> int:
+    """An integer column's value: an integer (Python's or numpy's) that fits in 64 bits, or None.
+    Anything else raises ValueError naming the field: text is not a number and a float is not an
+    integer, so nothing is coerced into a value the user did not give."""
     if value is None:
         return NULL_INT
     try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        return NULL_INT
-    return number if -(2**63) < number < 2**63 else NULL_INT
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"field {name!r}: expected an integer, got {type(value).__name__}") from None
+    if not NULL_INT < number < 2**63:
+        raise ValueError(f"field {name!r}: integer {number} does not fit in 64 bits")
+    return number
+
+
+def row_problem(row: Sequence[Any]) -> str | None:
+    """What is wrong with one producer row (``TRACE_ROW_FIELDS`` order), or None: the check behind
+    a batch that failed to build or to pass ``check_values``, to drop only the bad events."""
+    fields = dict(zip(TRACE_ROW_FIELDS, row))
+    try:
+        values = {name: _to_int(fields[name], name) for name in TRACE_INT_COLUMNS}
+    except ValueError as exc:
+        return str(exc)
+    if not 0 <= values["ts_ns"] <= MAX_TIMESTAMP_NS:
+        return f"field 'ts_ns': {values['ts_ns']} is not a time between 0 and 2^62 ns"
+    if not 0 <= values["dur_ns"] <= MAX_DURATION_NS:
+        return f"field 'dur_ns': {values['dur_ns']} is negative or longer than 30 days"
+    return None
 
 
 def _sparse_args(values: Sequence[Any]) -> tuple[bytes, list[str]]:
@@ -157,7 +184,7 @@ class TraceBatch:
                     raise ValueError(f"column {name!r}: {len(column)} bytes for {count} events")
                 ints[name] = column
             else:
-                ints[name] = _int_column(column)
+                ints[name] = _int_column(column, name)
         args_at, args = _sparse_args(columns["args"])
         return cls(
             count=count,
@@ -214,18 +241,30 @@ class TraceBatch:
         if args and int(np.frombuffer(args_at, "<u4").max()) >= count:
             raise PayloadError("trace batch: an 'args_at' index is outside the batch")
         batch = cls(count=count, strings=strings, ints=ints, args_at=args_at, args=args)
-        batch._check_values()
+        batch.check_values()
         return batch
 
-    def _check_values(self) -> None:
+    def check_values(self) -> None:
+        """Raise PayloadError when a time is out of range (see ``MAX_TIMESTAMP_NS``)."""
         if not self.count:
             return
         ts = np.frombuffer(self.ints["ts_ns"], "<i8")
         dur = np.frombuffer(self.ints["dur_ns"], "<i8")
-        if int(ts.min()) < 0:
-            raise PayloadError("trace batch: negative timestamp")
+        if int(ts.min()) < 0 or int(ts.max()) > MAX_TIMESTAMP_NS:
+            raise PayloadError("trace batch: a timestamp is negative or after 2^62 ns")
         if int(dur.min()) < 0 or int(dur.max()) > MAX_DURATION_NS:
             raise PayloadError("trace batch: duration is negative or longer than 30 days")
+
+    def digest(self) -> int:
+        """A checksum of the events (CRC-32 of every column): a resend repeats it exactly, so a
+        repeated batch key whose digest differs is another batch, rejected as a conflict."""
+        crc = 0
+        for name in TRACE_STRING_COLUMNS:
+            values, codes = self.strings[name]
+            crc = zlib.crc32("\x00".join(values).encode("utf-8", "surrogatepass"), zlib.crc32(codes, crc))
+        for name in TRACE_INT_COLUMNS:
+            crc = zlib.crc32(self.ints[name], crc)
+        return zlib.crc32("\x00".join(self.args).encode("utf-8", "surrogatepass"), zlib.crc32(self.args_at, crc))
 
     def string_column(self, name: str):
         """``(codes as uint32 numpy array, dictionary values)`` of a string column."""

@@ -13,6 +13,8 @@ import dataclasses
 import random
 
 import duckdb
+import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -133,3 +135,34 @@ def test_repeats_and_sequence_gaps(valid_messages):
     assert con.execute("SELECT count(*) FROM trace_events").fetchall()[0][0] == emitted + original.payload.count
     missing = {row["run_id"]: row["missing_messages"] for row in con.sql(RUNS_SQL).to_arrow_table().to_pylist()}
     assert missing == {"fuzz": 4}
+
+
+@pytest.mark.parametrize("where", ["same poll", "stored earlier"])
+def test_a_repeat_with_other_events_of_the_same_count_is_rejected(valid_messages, where):
+    """The same batch key, the same number of events, other times: another batch, not a resend
+    (it used to be skipped silently)."""
+    messages, emitted = valid_messages
+    first = next(i for i, (_, _, value) in enumerate(messages) if decode(value).kind.value == "trace_batch")
+    envelope = msgpack.unpackb(messages[first][2], raw=False, strict_map_key=False)
+    shifted = np.frombuffer(envelope["payload"]["int"]["ts_ns"], "<i8") + 1000
+    envelope["payload"]["int"]["ts_ns"] = shifted.astype("<i8").tobytes()
+    altered = (messages[first][0], messages[first][1], msgpack.packb(envelope, use_bin_type=True))
+    bus = MemoryBus(partitions=2)
+    store = Store(duckdb.connect())
+    for message in messages:
+        bus.append(*message)
+    if where == "stored earlier":
+        _consume_into(store, bus)
+    bus.append(*messages[first])  # a true resend: skipped
+    bus.append(*altered)
+    _consume_into(store, bus)
+    reasons = [r for (r,) in store.connection.execute("SELECT reason FROM rejects").fetchall()]
+    assert len(reasons) == 1 and "the repeat is other events" in reasons[0], reasons
+    assert store.connection.execute("SELECT count(*) FROM trace_events").fetchall()[0][0] == emitted
+
+
+def _consume_into(store, bus) -> None:
+    source = MemorySource(bus, all_topics("fz"))
+    source.open(store.offsets())
+    while records := source.poll(0, 37):
+        store.write(records)

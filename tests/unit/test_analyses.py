@@ -227,9 +227,10 @@ def test_the_trace_checker_finds_what_viewers_reject(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([{"ph": "B", "name": "a", "ts": 1, "pid": 0, "tid": 0},
                                 {"ph": "X", "name": "b", "ts": "2", "pid": 0, "tid": 0},
+                                {"ph": "X", "name": "d", "ts": 4, "pid": 0, "tid": 0},
                                 {"ph": "C", "name": "c", "ts": 3, "pid": 0, "tid": 0, "args": {"v": "x"}}]))
     problems, _ = check_chrome_trace(path)
-    assert any("ts must be a number" in p for p in problems)
+    assert any("'ts' must be a number" in p for p in problems)
     assert any("dur" in p for p in problems)
     assert any("counter args" in p for p in problems)
     assert any("never ended" in p for p in problems)

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +13,8 @@ from rankstream.schemas import (
     encode, encode_wire,
 )
 from rankstream.schemas.records import HEARTBEAT_COUNTERS
-from rankstream.schemas.trace import NULL_INT
+from rankstream.schemas.fields import PayloadError
+from rankstream.schemas.trace import row_problem
 
 DATA = Path(__file__).parent.parent / "data"
 
@@ -124,12 +126,28 @@ def test_stored_v1_trace_batch_upcasts_on_read():
     assert decoded.payload.args == ['{"shape":[2,2]}'] and list(decoded.payload.args_positions()) == [0]
 
 
-def test_producer_values_that_do_not_fit_become_nulls_not_errors():
-    rows = [("n", "c", "X", 1, 0, 0, 0, 2**70, "7", None, None), (["unhashable"], 1, "X", 2, 0, 0, 0, None, None, None,
-                                                                    object())]
-    batch = TraceBatch.from_rows(rows)
-    steps = batch.int_column("step")[0]
-    assert steps[0] == NULL_INT
+def test_producer_values_that_do_not_fit_are_named_never_coerced_or_nulled():
+    """An integer of 71 bits used to become NULL and the text "7" the number 7, silently."""
+    good = ("n", "c", "X", 1, 0, 0, 0, None, None, None, None)
+    assert row_problem(good) is None
+    cases = {
+        ("n", "c", "X", 1, 0, 0, 0, 2**70, None, None, None): "field 'step': integer 1180591620717411303424 does not fit",
+        ("n", "c", "X", 1, 0, 0, 0, None, "7", None, None): "field 'flow_id': expected an integer, got str",
+        ("n", "c", "X", 1, 0, 2**63, 0, None, None, None, None): "field 'pid': integer",
+        ("n", "c", "X", 1.5, 0, 0, 0, None, None, None, None): "field 'ts_ns': expected an integer, got float",
+        ("n", "c", "X", 2**63 - 1, 0, 0, 0, None, None, None, None): "field 'ts_ns': 9223372036854775807 is not a time",
+        ("n", "c", "X", 1, -5, 0, 0, None, None, None, None): "field 'dur_ns': -5 is negative",
+    }
+    for row, problem in cases.items():
+        assert problem in (row_problem(row) or ""), (row, row_problem(row))
+        with pytest.raises((ValueError, PayloadError)):
+            TraceBatch.from_rows([good, row]).check_values()
+    assert row_problem(("n", "c", "X", np.int64(5), 0, 0, 0, None, None, None, None)) is None  # numpy integers are integers
+
+
+def test_unhashable_names_become_their_text():
+    batch = TraceBatch.from_rows([("n", "c", "X", 1, 0, 0, 0, None, None, None, None),
+                                  (["unhashable"], 1, "X", 2, 0, 0, 0, None, None, None, object())])
     decoded = decode(encode_wire(run_id="r", rank=0, world_size=1, session_id="s", seq=0,
                                  kind=PayloadKind.TRACE_BATCH, wire_payload=batch.to_wire()))
     assert isinstance(decoded, Envelope)

@@ -71,10 +71,10 @@ def test_a_merged_trace_keeps_its_pid_ranks_despite_a_fallback(tmp_path):
     ("", "empty file"),
     ("\x00\x01binary", "not a Chrome trace"),
     ('{"traceEvents": [{"ph": "X", "ts": 1}', "not readable as a Chrome trace"),
-    ('[{"ph": "Q", "ts": 1}]', "no valid 'ph'"),
-    ('[{"ph": "X", "ts": 1, "dur": -5}]', "negative"),
+    ('[{"ph": "Q", "ts": 1}]', "unknown phase 'Q'"),
+    ('[{"ph": "X", "name": "a", "ts": 1, "dur": -5}]', "'dur' must be a number of microseconds between 0"),
     ('{"traceEvents": []}', "contains no trace events"),
-    ('[1, 2]', "is not a JSON object"),
+    ('[1, 2]', "not a JSON object (none of its 2 events is valid)"),
 ])
 def test_bad_trace_files_get_one_line_naming_the_file(tmp_path, content, problem):
     path = write(tmp_path / "rank0.json", content)
@@ -82,6 +82,25 @@ def test_bad_trace_files_get_one_line_naming_the_file(tmp_path, content, problem
         scan_trace(path)
     message = str(error.value)
     assert message.startswith(str(path)) and problem in message and "\n" not in message
+
+
+def test_bad_events_among_good_ones_are_refused_one_by_one_and_named(tmp_path):
+    """Missing times used to be stored as 0, times past int64 as NULL, a 65-bit pid as INT64_MIN."""
+    good = {"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 0, "tid": 0}
+    bad = {1: dict(good, ts=None), 2: {k: v for k, v in good.items() if k != "dur"}, 3: dict(good, ts=2e21),
+           4: dict(good, ts="5"), 5: dict(good, pid=1.5), 6: dict(good, dur=-1), 7: dict(good, tid=[1]),
+           8: {k: v for k, v in good.items() if k != "name"}}
+    events = [bad.get(i, good) for i in range(10)] + [{"ph": "M", "name": "process_name", "pid": 0,
+                                                      "args": {"name": "p"}}]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(events))
+    info = scan_trace(path)
+    assert info.events == 3
+    assert [r["item"] for r in info.rejects] == sorted(bad)
+    reasons = {r["item"]: r["reason"] for r in info.rejects}
+    assert "'ts'" in reasons[1] and "'dur'" in reasons[2] and "2^62" in reasons[3] and "'ts'" in reasons[4]
+    assert "'pid'" in reasons[5] and "'dur'" in reasons[6] and "'tid'" in reasons[7] and "'name'" in reasons[8]
+    assert all(r["source"] == str(path) and json.loads(r["raw"]) for r in info.rejects)
 
 
 def test_directories_and_broken_links_are_refused(tmp_path):
@@ -158,4 +177,5 @@ def test_files_read_by_parallel_readers_match_reading_them_here(tmp_path):
     done = subprocess.run([sys.executable, "-c", PARALLEL_SCAN, str(tmp_path)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"ERROR {tmp_path / 'rank1.json'}: event 1 has no valid 'ph' phase ('Q')"
+    assert done.stdout.strip() == (f"ERROR {tmp_path / 'rank1.json'}: event 0: phase X needs a string 'name' "
+                                   "(none of its 2 events is valid)")

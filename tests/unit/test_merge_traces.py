@@ -71,15 +71,16 @@ def test_a_trace_composer_already_merged_is_not_shifted_again(tmp_path):
 
 def test_a_bad_file_is_named_and_nothing_is_written(tmp_path):
     write_rank(tmp_path / "rank0.json", 0, 0, ops=5)
-    (tmp_path / "rank1.json").write_text('[{"ph": "X", "ts": "soon"}]')
+    (tmp_path / "rank1.json").write_text('[{"ph": "X", "name": "a", "ts": "soon"}]')
     output = tmp_path / "merged.json"
-    with pytest.raises(BadInput, match="rank1.json: event 0 has a non-numeric 'ts'"):
+    with pytest.raises(BadInput, match="rank1.json: event 0: 'ts' must be a number"):
         merge_trace_files([tmp_path / "rank0.json", tmp_path / "rank1.json"], output)
     assert not output.exists()
     command = subprocess.run([sys.executable, "-m", "rankstream", "merge", str(tmp_path / "rank0.json"),
                               str(tmp_path / "rank1.json"), "-o", str(output)], capture_output=True, text=True)
     assert command.returncode == 2 and command.stderr.strip().splitlines() == [
-        f"rankstream: error: {tmp_path / 'rank1.json'}: event 0 has a non-numeric 'ts' ('soon')"]
+        f"rankstream: error: {tmp_path / 'rank1.json'}: event 0: 'ts' must be a number of microseconds within "
+        "2^62 ns (got 'soon') (none of its 1 events is valid)"]
     assert not output.exists()
 
 

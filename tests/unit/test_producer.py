@@ -82,6 +82,27 @@ def test_emit_survives_any_arguments(make_config, bus):
     assert stats.events_sent + stats.events_dropped == 2
 
 
+def test_one_bad_event_is_dropped_alone_counted_and_named(make_config, bus):
+    """An event whose values do not fit its columns used to take its whole batch with it (or was
+    stored with NULLs and numbers parsed from text): now only it is dropped, and the reason is kept."""
+    config = make_config(**{"producer.batch_events": 100})
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
+    for i in range(100):
+        producer.emit("op", ts_ns=i, dur_ns=1)
+        if i == 40:
+            producer.emit("bad pid", ts_ns=i, pid=2**63)
+        if i == 60:
+            producer.emit("text step", ts_ns=i, step="7")
+        if i == 80:
+            producer.emit("far future", ts_ns=2**63 - 1)
+    stats = producer.close()
+    names = [name for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.TRACE_BATCH
+             for name in [e.payload.string_column("name")[1][c] for c in e.payload.string_column("name")[0]]]
+    assert names == ["op"] * 100
+    assert stats.events_dropped == 3 and stats.events_sent == 100
+    assert "far future" in stats.last_error and "'ts_ns'" in stats.last_error
+
+
 def test_args_arrive_as_strict_json_whatever_their_values(make_config, bus):
     config = make_config()
     producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))

@@ -127,7 +127,7 @@ class FullDisk:
 def test_a_full_temporary_disk_is_named_as_such_not_as_a_bad_trace(tmp_path, monkeypatch):
     """An OSError while reading a trace means a bad file; one while parking batches must not."""
     trace = tmp_path / "rank0.json"
-    trace.write_text(json.dumps([{"ph": "X", "name": "a", "ts": i} for i in range(10)]))
+    trace.write_text(json.dumps([{"ph": "X", "name": "a", "ts": i, "dur": 1} for i in range(10)]))
     with BatchFile(tmp_path / "parked") as parked:
         monkeypatch.setattr(parked, "_file", FullDisk())
         with pytest.raises(RankstreamError, match=f"cannot park import batches in {tmp_path}.*No space left") as error:
