@@ -73,7 +73,7 @@ def prepare(records: list[Record]) -> PreparedBatch:
         messages=len(records),
         rejects=rejects,
         repeats=repeats,
-        keys=_batch_keys(accepted),
+        keys=_batch_keys(accepted, [seen[envelope.key][1] for _, envelope in accepted]),
         records=[record for record, _ in accepted],
         tables=project([envelope for _, envelope in accepted]),
         next_offsets=next_offsets,
@@ -110,7 +110,9 @@ def conflict_reason(first: tuple, repeat: tuple) -> str:
             f"{other} (a resend repeats its batch exactly)")
 
 
-def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
+def _batch_keys(accepted: list[tuple[Record, Envelope]], contents: list[tuple]) -> pa.Table:
+    """One row per accepted message; ``contents``: each one's ``_content`` (its checksum is computed
+    once per message)."""
     return pa.table({
         MESSAGE_COLUMN: pa.array(range(len(accepted)), pa.int32()),
         "run_id": pa.array([e.run_id for _, e in accepted], pa.string()),
@@ -119,8 +121,8 @@ def _batch_keys(accepted: list[tuple[Record, Envelope]]) -> pa.Table:
         "session_id": pa.array([e.session_id for _, e in accepted], pa.string()),
         "seq": pa.array([e.seq for _, e in accepted], pa.int64()),
         "kind": pa.array([e.kind.value for _, e in accepted], pa.string()),
-        "events": pa.array([_content(e)[1] for _, e in accepted], pa.int64()),
-        "digest": pa.array([_content(e)[2] for _, e in accepted], pa.int64()),
+        "events": pa.array([content[1] for content in contents], pa.int64()),
+        "digest": pa.array([content[2] for content in contents], pa.int64()),
         "topic": pa.array([r.topic for r, _ in accepted], pa.string()),
         "partition": pa.array([r.partition for r, _ in accepted], pa.int32()),
         "kafka_offset": pa.array([r.offset for r, _ in accepted], pa.int64()),

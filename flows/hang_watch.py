@@ -104,13 +104,14 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             continue
         recently_stopped = {r for r in ranks if r not in dead
                             and now_ns - 3 * stall_s * 1e9 <= moved[r] < now_ns - stall_s * 1e9}
-        if ring_progress(database, run_id).in_flight & recently_stopped:
+        progress = ring_progress(database, run_id)
+        if progress.in_flight & recently_stopped:
             continue  # their last calls are on the way: judge the run when they are stored
         judged.add(run_id)
         if last_judged is not None:
             last_judged[run_id] = now_ns
         try:
-            report = diagnose_stored(database, run_id, dead=dead, live=True, tail=TAIL_RECORDS)
+            report = diagnose_stored(database, run_id, dead=dead, live=True, tail=TAIL_RECORDS, progress=progress)
         except Exception as exc:  # one run's data must not stop the watch over the others: counted
             failures.append(f"{run_id}: {type(exc).__name__}: {exc}"[:300])
             continue

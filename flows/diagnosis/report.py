@@ -15,6 +15,7 @@ from pathlib import Path
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose
 from rankstream.flows.diagnosis.findings import Finding
 from rankstream.flows.diagnosis.loader import load_directory, stack_at
+from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
 from rankstream.schemas.errors import BadInput
 
@@ -71,12 +72,14 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
 
 
 def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, dead: set[int] = frozenset(),
-                    clock_error_ns: int = 0, live: bool = False, tail: int | None = None) -> Report:
+                    clock_error_ns: int = 0, live: bool = False, tail: int | None = None,
+                    progress: RingProgress | None = None) -> Report:
     """A run in the database (live or imported). ``dead``: ranks known to have died (live: their
     heartbeats stopped), which are then named as such rather than as missing dumps. ``live``: the
-    run is still going; ``tail``: judge only each rank's last records (see ``stored.load_stored``)."""
+    run is still going; ``tail``: judge only each rank's last records; ``progress``: the run's
+    ``ring_progress`` when the caller already read it (see ``stored.load_stored``)."""
     started = time.perf_counter()
-    stored = load_stored(database, run_id, live=live, dead=dead, tail=tail)
+    stored = load_stored(database, run_id, live=live, dead=dead, tail=tail, progress=progress)
     if not len(stored.entries):
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from rankstream.flows.clocks import rank_offsets
 from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, p2p_peers, parse_op
-from rankstream.flows.diagnosis.ring_progress import ring_progress
+from rankstream.flows.diagnosis.ring_progress import RingProgress, ring_progress
 
 __all__ = ["StoredRun", "load_stored", "live_horizon", "ENTRIES_SQL"]
 
@@ -95,21 +95,23 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
-def live_horizon(database, run_id: str, dead: set[int]) -> int | None:
+def live_horizon(database, run_id: str, dead: set[int], *, progress: RingProgress | None = None) -> int | None:
     """While a run goes on, each rank's ring is known at its own moments: the entries created after
     the earliest of the live ranks' moments are not comparable across ranks yet (see
-    ``ring_progress``). A dead rank's data is as far as it will ever go: it sets no horizon."""
-    known = [t for rank, t in ring_progress(database, run_id).known_until.items() if rank not in dead]
+    ``ring_progress``; ``progress``: already read by the caller). A dead rank's data is as far as it
+    will ever go: it sets no horizon."""
+    progress = progress or ring_progress(database, run_id)
+    known = [t for rank, t in progress.known_until.items() if rank not in dead]
     return min(known) if known else None
 
 
 def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = frozenset(),
-                tail: int | None = None) -> StoredRun:
+                tail: int | None = None, progress: RingProgress | None = None) -> StoredRun:
     """The run's entries, the groups its ranks listed and the ranks that sent any. ``live``: only
     the entries every live rank's ring is known to cover (see ``live_horizon``); ``tail``: only
     each rank's last ``tail`` records (the live watch judges what is new; an older fault was judged
-    when it was new)."""
-    horizon = live_horizon(database, run_id, dead) if live else None
+    when it was new); ``progress``: the run's ``ring_progress``, when the caller has it."""
+    horizon = live_horizon(database, run_id, dead, progress=progress) if live else None
     values = {"run": run_id, "horizon": horizon, "tail": tail}
     table = _newest(database.arrow(ENTRIES_SQL, values))
     listed = {name: sorted(ranks) for name, ranks in database.fetchall(GROUPS_SQL, {"run": run_id})}
