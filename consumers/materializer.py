@@ -29,6 +29,7 @@ from typing import Callable
 from rankstream.consumers.prepare import PreparedBatch, prepare
 from rankstream.consumers.source import KafkaSource, Source
 from rankstream.consumers.store import Store, summarize_lag
+from rankstream.consumers.stored_announcer import KafkaAnnouncements, StoredAnnouncer
 from rankstream.producers.kafka_client import ensure_topics
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import RankstreamError, TransientError, is_transient
@@ -114,10 +115,17 @@ class _Committer:
 
 class Materializer:
     def __init__(self, config: Config, store: Store, source: Source | None = None, *,
-                 log: Callable[[str], None] = print, max_records: int = 500) -> None:
+                 log: Callable[[str], None] = print, max_records: int = 500,
+                 announce: Callable[[bytes], None] | None = None) -> None:
+        """``announce`` publishes what is stored for producers (``consumers.stored_announcer``);
+        by default on the bus when reading Kafka, nowhere for another source."""
         self.config = config
         self.store = store
+        if source is None and announce is None:
+            announce = KafkaAnnouncements(config)
         self.source = source or KafkaSource(config, all_topics(config.topic_prefix))
+        self._announcements = announce
+        self._announcer = StoredAnnouncer(announce) if announce is not None else None
         self.log = log
         self.max_records = max_records
         self.status = MaterializerStatus(pid=os.getpid(), started_at=time.time(), updated_at=time.time())
@@ -148,6 +156,10 @@ class Materializer:
                 stop.wait(RETRY_S)
         self._publish_status()
         self._close()
+        if self._announcer is not None:
+            self._announcer.announce_all()  # the last commits too, before going
+        if hasattr(self._announcements, "close"):
+            self._announcements.close()
         return self.status
 
     def _consume(self, stop: threading.Event, targets: dict | None) -> bool:
@@ -161,6 +173,8 @@ class Materializer:
                     committer.close()
                     return self._caught_up(targets)
                 now = time.monotonic()
+                if self._announcer is not None:
+                    self._announcer.tick(now)
                 if now - last_check >= _INCARNATION_CHECK_S:
                     last_check = now
                     if self._new_incarnation(self.source.incarnation()):
@@ -179,6 +193,8 @@ class Materializer:
     def _on_commit(self, batch: PreparedBatch, result) -> None:
         """Runs on the committer thread after each transaction."""
         self._committed.update(batch.next_offsets)
+        if self._announcer is not None:
+            self._announcer.note(batch.keys, self.store.stored_sequences)
         status = self.status
         status.messages += result.messages
         status.events += result.events
@@ -196,10 +212,6 @@ class Materializer:
         self._committed = self.store.offsets()
         self.source.open(self._committed)
         self._opened = True
-        reset = getattr(self.source, "reset_partitions", [])
-        if reset:
-            self.log(f"rankstream materializer: {len(reset)} partition(s) are shorter than the stored offsets "
-                     "(the broker lost its log); reading them again from the start")
 
     def _adopt_incarnation(self, topic_ids: dict[str, str]) -> None:
         self._incarnation = self.store.incarnation()

@@ -40,8 +40,6 @@ class KafkaSource:
         self._consumer = None
         self._partitions: list = []
         self._topic_ids = None
-        #: Partitions whose stored offset was past the log's end at the last ``open`` (broker reset).
-        self.reset_partitions: list[Position] = []
 
     def open(self, offsets: Mapping[Position, int]) -> None:
         self.close()
@@ -67,19 +65,14 @@ class KafkaSource:
                 raise BrokerUnavailable(f"topic {topic!r} does not exist on {self._config.bootstrap_servers}")
             partitions += [TopicPartition(topic, n) for n in sorted(numbers)]
         consumer.assign(partitions)
-        ends = consumer.end_offsets(partitions)
-        self.reset_partitions = []
         for tp in partitions:
             stored = offsets.get((tp.topic, tp.partition))
             if stored is None:
                 consumer.seek_to_beginning(tp)
-            elif stored > ends[tp]:
-                # The log is shorter than what we already read: the broker lost its data (the
-                # embedded broker keeps it in memory). Read the new log from its start; batch
-                # keys drop whatever was already stored.
-                self.reset_partitions.append((tp.topic, tp.partition))
-                consumer.seek_to_beginning(tp)
             else:
+                # Where the last read stopped, even past the end offset the broker reports: Tansu
+                # reports one less than the next offset after some writes, and a broker that lost
+                # its log is told by its new topic ids (the materializer checks), never by offsets.
                 consumer.seek(tp, stored)
         self._consumer = consumer
         self._partitions = partitions

@@ -130,6 +130,21 @@ class Store:
         rows = self.connection.execute("SELECT topic, partition, next_offset FROM consumer_offsets").fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
+    def stored_sequences(self, senders: list[tuple[str, int, str, str]]) -> dict[tuple[str, int, str, str], list[int]]:
+        """The sequence numbers stored for each ``(run, rank, stream, session)`` of ``senders``."""
+        found: dict[tuple[str, int, str, str], list[int]] = {}
+        if not senders:
+            return found
+        rows = self.connection.execute(
+            "SELECT b.run_id, b.rank, b.stream, b.session_id, b.seq FROM ingested_batches b JOIN "
+            "(SELECT unnest($runs) AS run_id, unnest($ranks) AS rank, unnest($streams) AS stream, "
+            "unnest($sessions) AS session_id) s USING (run_id, rank, stream, session_id)",
+            {"runs": [s[0] for s in senders], "ranks": [s[1] for s in senders],
+             "streams": [s[2] for s in senders], "sessions": [s[3] for s in senders]}).fetchall()
+        for run_id, rank, stream, session_id, seq in rows:
+            found.setdefault((run_id, rank, stream, session_id), []).append(seq)
+        return found
+
     def incarnation(self) -> dict[str, str]:
         """The topic ids of the broker incarnation the stored offsets belong to."""
         return dict(self.connection.execute("SELECT topic, topic_id FROM bus_incarnation").fetchall())
@@ -179,7 +194,7 @@ class Store:
                     self._insert(table, arrow)
                 result.rows[table] = arrow.num_rows
             if batch.rejects or conflicting:
-                self._insert("rejects", pa.Table.from_pylist(batch.rejects + conflicting, schema=_REJECT_SCHEMA))
+                self._insert_rejects(pa.Table.from_pylist(batch.rejects + conflicting, schema=_REJECT_SCHEMA))
             keys = _without_messages(batch.keys, known)
             if keys.num_rows:
                 self._insert("ingested_batches", keys)
@@ -187,6 +202,17 @@ class Store:
         result.accepted = batch.keys.num_rows - len(known)
         result.events = result.rows.get("trace_events", 0)
         return result
+
+    def _insert_rejects(self, arrow: pa.Table) -> None:
+        """Rejects not stored yet: one row per message at its coordinates, however often it is
+        read (the same bytes at the same topic, partition and offset)."""
+        columns = ", ".join(arrow.column_names)
+        with _registered(self.connection, "_incoming_rejects", arrow):
+            self.connection.execute(
+                f"INSERT INTO rejects ({columns}) SELECT {columns} FROM _incoming_rejects i WHERE NOT EXISTS "
+                "(SELECT 1 FROM rejects r "
+                "WHERE r.topic = i.topic AND r.partition = i.partition AND r.kafka_offset = i.kafka_offset "
+                "AND r.raw IS NOT DISTINCT FROM i.raw)")
 
     def _insert(self, table: str, arrow: pa.Table) -> None:
         if MESSAGE_COLUMN in arrow.column_names:

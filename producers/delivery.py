@@ -16,7 +16,9 @@ lock, and all file I/O stays on the sender thread.
 
 Broker restarts: acknowledged messages stay in a :class:`ResendWindow`. After every reconnect,
 and every ``incarnation_check_s`` while up, the transport names the broker's incarnation; when it
-changed, the window is submitted again.
+changed, the window is submitted again. With ``confirmed`` on, the window keeps them until the
+materializer announces them stored (:meth:`Delivery.confirm`), a replayed spool segment included,
+and at close what is still unannounced goes back to the spool.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class DeliveryCounters:
     broker_resets: int = 0
     events_resent: int = 0
     events_not_resent: int = 0
+    send_failures: int = 0
 
 
 #: What ``drain`` keeps of its timeout for closing the Kafka client (a 0.5 s graceful close, then up
@@ -66,10 +69,18 @@ class DeliveryCounters:
 CLOSE_RESERVE_S = 3.0
 
 
+#: At close, how long to wait for the materializer to announce what it stored: when it was heard
+#: from in the last ``HEARD_RECENTLY_S``, and when it was not (it may be down: the rest is spooled).
+CLOSE_WAIT_STORED_S = 10.0
+CLOSE_WAIT_UNHEARD_S = 2.0
+HEARD_RECENTLY_S = 5.0
+
+
 class _SegmentReplay:
-    def __init__(self, path: Path, outstanding: int) -> None:
+    def __init__(self, path: Path, sequences: list[tuple[str, str, int] | None]) -> None:
         self.path = path
-        self.outstanding = outstanding
+        self.sequences = sequences
+        self.outstanding = len(sequences)
         self.failed = False
 
 
@@ -78,7 +89,7 @@ class Delivery:
                  *, retry_interval_s: float = 1.0, resend_window_s: float = 60.0,
                  resend_window_bytes: int = 64 << 20, incarnation_check_s: float = 2.0,
                  on_broker_reset: Callable[[], None] | None = None,
-                 on_first_spool: Callable[[], None] | None = None) -> None:
+                 on_first_spool: Callable[[], None] | None = None, confirmed: bool = False) -> None:
         self._transport = transport
         self._spool = spool
         #: Called once, the first time a message goes to the spool (the user is told where it waits).
@@ -87,7 +98,14 @@ class Delivery:
         self._retry_interval = retry_interval_s
         self._on_broker_reset = on_broker_reset
         self._incarnation = IncarnationWatch(transport.incarnation, incarnation_check_s)
-        self._window = ResendWindow(resend_window_s, resend_window_bytes)
+        self._window = ResendWindow(resend_window_s, resend_window_bytes,
+                                    acked=spool.area("acked") if confirmed else None)
+        self._window.recover(spool)
+        #: When an announcement for this rank last arrived (monotonic; None: never): a close waits
+        #: longer for the materializer when it is known to be there.
+        self._heard_at: float | None = None
+        #: Announcements received since the sender thread last applied them.
+        self._announced: dict[tuple[str, str], list[tuple[int, int]]] = {}
         self._resets = self._resent = self._not_resent = 0
         self._lock = threading.Lock()
         self._health = Health.DOWN
@@ -101,7 +119,7 @@ class Delivery:
         self._inflight: dict[int, tuple[SpooledMessage, _SegmentReplay | None]] = {}
         self._tokens = itertools.count()
         self._replay: _SegmentReplay | None = None
-        self._sent = self._spooled = self._dropped = self._bytes_sent = 0
+        self._sent = self._spooled = self._dropped = self._bytes_sent = self._send_failures = 0
         self._last_error: str | None = None
 
     # -- called on the sender thread -------------------------------------------------------
@@ -121,6 +139,7 @@ class Delivery:
         """Advance the state machine: retry, replay the spool, send what waits in memory."""
         now = time.monotonic() if now is None else now
         self._drain_failed()
+        self._settle_window()
         self._finish_replay()
         if self._health is Health.DOWN and now >= self._next_retry:
             self._next_retry = now + self._retry_interval
@@ -162,6 +181,7 @@ class Delivery:
             self.pump()
         self._transport.flush(max(0.0, deadline - time.monotonic()))
         self.pump()
+        self._await_stored(deadline)
         self._transport.close()  # what is still unacknowledged fails back to us, and is spooled below
         self._drain_failed()
         self._spool_unreported()
@@ -169,7 +189,25 @@ class Delivery:
             message = self._pending.popleft()
             self._pending_bytes -= len(message.value)
             self._to_spool(message)
+        with self._lock:
+            unannounced = self._window.release(self._spool)
+        for message in unannounced:  # the close line names the spool; "no broker" would be wrong here
+            self._to_spool(dataclasses.replace(message, resend=True), announce=False)
         self._spool.close()
+
+    def _await_stored(self, deadline: float) -> None:
+        """Confirmed mode, at close: wait for the materializer to announce what the broker
+        acknowledged (the rest is spooled). Not long when it was never heard from: it may be down."""
+        if not self._window.confirmed or self._health is Health.DOWN:
+            return
+        now = time.monotonic()
+        heard = self._heard_at is not None and now - self._heard_at < HEARD_RECENTLY_S
+        deadline = min(deadline, now + (CLOSE_WAIT_STORED_S if heard else CLOSE_WAIT_UNHEARD_S))
+        while time.monotonic() < deadline:
+            self.pump()
+            if not self.unconfirmed() and not self._inflight_bytes:
+                return
+            time.sleep(0.02)
 
     def counters(self) -> DeliveryCounters:
         with self._lock:
@@ -187,6 +225,7 @@ class Delivery:
                 broker_resets=self._resets,
                 events_resent=self._resent,
                 events_not_resent=self._not_resent,
+                send_failures=self._send_failures,
             )
 
     def refusing(self) -> bool:
@@ -199,6 +238,18 @@ class Delivery:
         with self._lock:
             self._dropped += events
 
+    def confirm(self, stored: dict[tuple[str, str], list[tuple[int, int]]]) -> None:
+        """The materializer's announcement for this rank: ``(stream, session_id)`` to the ranges
+        of sequence numbers it stored. Any thread; the sender thread applies it at its next pump."""
+        with self._lock:
+            self._announced.update(stored)
+            self._heard_at = time.monotonic()
+
+    def unconfirmed(self) -> int:
+        """Acknowledged messages not yet announced as stored."""
+        with self._lock:
+            return self._window.unconfirmed()
+
     def note_error(self, message: str) -> None:
         """Keep ``message`` as the last error: a problem of the data rather than of the broker."""
         with self._lock:
@@ -210,7 +261,7 @@ class Delivery:
         if not self._incarnation.changed(now):
             return
         with self._lock:
-            taken = self._window.take(now)
+            taken = self._window.take(now, self._spool)
             messages = taken.messages
             self._not_resent += taken.not_resent
             self._resets += 1
@@ -223,6 +274,16 @@ class Delivery:
             self._on_broker_reset()
 
     # -- internals --------------------------------------------------------------------------
+    def _settle_window(self) -> None:
+        """Apply the announcements received, and move what is over the window's memory cap to
+        disk. Under the lock, so the Kafka thread's acknowledgements wait for the file writes:
+        they happen only while the materializer is behind."""
+        with self._lock:
+            announced, self._announced = self._announced, {}
+            if announced:
+                self._window.confirm(announced)
+            self._window.spill()
+
     def _probe(self) -> None:
         if self._spool.has_pending():
             self._health = Health.PROBING
@@ -243,7 +304,7 @@ class Delivery:
         if not messages:
             self._spool.remove_segment(path)
             return
-        replay = _SegmentReplay(path, len(messages))
+        replay = _SegmentReplay(path, [message.sequence for message in messages])
         self._replay = replay
         for message in messages:
             self._send(message, replay)
@@ -255,7 +316,8 @@ class Delivery:
         self._replay = None
         if replay.failed:
             return  # the segment stays; it is resent whole later and the materializer dedups
-        self._spool.remove_segment(replay.path)
+        with self._lock:
+            self._window.adopt_segment(replay.path, self._spool, replay.sequences)
 
     def _send(self, message: SpooledMessage, replay: _SegmentReplay | None) -> None:
         token = next(self._tokens)
@@ -292,7 +354,8 @@ class Delivery:
                 if not message.resend:
                     self._sent += message.events
                 self._bytes_sent += len(message.value)
-                self._window.remember(message, time.monotonic())
+                if replay is None or not self._window.confirmed:  # a confirmed replay is kept by its segment
+                    self._window.remember(message, time.monotonic())
                 if self._health is Health.PROBING and replay is None:
                     self._health = Health.UP
             elif not is_transient(error):  # the broker refused this message for good (too large...)
@@ -300,6 +363,7 @@ class Delivery:
                 self._dropped += message.events
                 error = None  # resending cannot help: a replayed segment may still be removed
             else:
+                self._send_failures += 1
                 self._last_error = f"{type(error).__name__}: {error}"[:300]
                 self._health = Health.DOWN
                 if replay is None:
@@ -316,11 +380,11 @@ class Delivery:
                 message = self._failed.popleft()
             self._to_spool(message)
 
-    def _to_spool(self, message: SpooledMessage) -> None:
+    def _to_spool(self, message: SpooledMessage, announce: bool = True) -> None:
         if self._spool.append(message):
             with self._lock:
                 self._spooled += message.events
-            if self._on_first_spool is not None:
+            if announce and self._on_first_spool is not None:
                 announce, self._on_first_spool = self._on_first_spool, None
                 announce()
         else:

@@ -20,7 +20,7 @@ from kafka.net.compat import KafkaNetClient
 
 from rankstream.schemas.config import Config
 from rankstream.schemas.errors import BrokerUnavailable
-from rankstream.schemas.topics import all_topics, requests_topic
+from rankstream.schemas.topics import all_topics, requests_topic, stored_topic
 
 __all__ = ["client_options", "close_quietly", "describe", "ensure_topics", "existing_topics", "TopicIds", "unreachable"]
 
@@ -103,9 +103,10 @@ def existing_topics(config: Config, timeout_s: float = 5.0) -> set[str]:
 
 def ensure_topics(config: Config, timeout_s: float = 5.0) -> list[str]:
     """Create rankstream's topics with ``config.partitions`` partitions if missing (the requests
-    topic with one); returns the event topics' names."""
+    and stored topics with one); returns the event topics' names."""
     wanted = all_topics(config.topic_prefix)
-    partitions = {**{topic: config.partitions for topic in wanted}, requests_topic(config.topic_prefix): 1}
+    partitions = {**{topic: config.partitions for topic in wanted}, requests_topic(config.topic_prefix): 1,
+                  stored_topic(config.topic_prefix): 1}
     admin = _admin(config, timeout_s)
     try:
         missing = [t for t in partitions if t not in set(admin.list_topics())]

@@ -64,6 +64,7 @@ class OnDemandWindows:
         except Exception as exc:  # another profiler holds Kineto, or torch refused: counted, training goes on
             self.failed += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            self._producer.count_lost_window(self.last_error)
             self._mark(request, "failed", step, error=self.last_error)
             return
         self._profiler, self._request, self._steps_left = profiler, request, request["active"]
@@ -75,6 +76,7 @@ class OnDemandWindows:
         except Exception as exc:  # the window is lost, not the step: counted
             self.failed += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            self._producer.count_lost_window(self.last_error)
         self._mark(request, "end", step)
 
     def _mark(self, request: dict, edge: str, step: int | None, **extra: Any) -> None:

@@ -34,6 +34,7 @@ from rankstream.schemas.settings import load_config
 from rankstream.producers.delivery import Delivery
 from rankstream.producers.sender import SenderLoop
 from rankstream.producers.spool import Spool
+from rankstream.producers.stored_feed import StoredFeed
 from rankstream.producers.transport import KafkaTransport, Transport
 from rankstream.schemas.envelope import PayloadKind, Stream
 from rankstream.schemas.topics import message_key, topic_for
@@ -67,6 +68,10 @@ class ProducerStats:
     broker_resets: int = 0
     events_resent: int = 0
     events_not_resent: int = 0
+    #: Sends the broker failed transiently (each message was kept, spooled or resent: not lost),
+    #: and profiler windows lost (dropped while the converter was behind, or failed).
+    send_failures: int = 0
+    windows_lost: int = 0
 
 
 _EMIT_CALLS = ("emit", "emit_batch", "offer_batch", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata",
@@ -81,13 +86,14 @@ class Producer(SenderLoop):
     """Streams one rank's trace events, Flight Recorder entries and metadata to the bus.
 
     ``transport`` replaces Kafka (tests pass an in-memory one); by default the configured Kafka
-    cluster or the embedded broker is used.
+    cluster or the embedded broker is used. ``confirm_stored`` (on with Kafka) keeps every
+    acknowledged message until the materializer announces it stored, and spools the rest at close.
     """
 
     def __init__(self, *, run_id: str, rank: int, world_size: int, config: Config | None = None,
                  enabled: bool = True, metadata: Mapping[str, Any] | None = None,
                  transport: Transport | None = None,
-                 session_id: str | None = None) -> None:
+                 session_id: str | None = None, confirm_stored: bool | None = None) -> None:
         self.run_id = run_id
         self.rank = rank
         self.world_size = world_size
@@ -105,6 +111,7 @@ class Producer(SenderLoop):
         self._rows: collections.deque[tuple] = collections.deque()
         self._max_rows = settings.max_buffered_events
         self._dropped_on_emit = 0
+        self._windows_lost = 0
         #: Set by the sender thread while ``refusing``: ``emit`` and ``offer_batch`` then count the
         #: event as emitted and dropped and return at once, instead of queueing what the sender
         #: would drop (a whole run with the broker down cost the training thread ~1 us per event).
@@ -118,6 +125,8 @@ class Producer(SenderLoop):
         self._seq = {stream: 0 for stream in Stream}
         self._key = message_key(run_id, rank)
         self._topics = {stream: topic_for(self._config.topic_prefix, stream) for stream in Stream}
+        if confirm_stored is None:
+            confirm_stored = transport is None
         if transport is None:
             transport = KafkaTransport(self._config)
         spool = Spool(self._config.spool_dir, run_id, rank, max_bytes=settings.spool_max_bytes)
@@ -126,7 +135,11 @@ class Producer(SenderLoop):
                                   resend_window_s=settings.resend_window_s,
                                   resend_window_bytes=settings.resend_window_bytes,
                                   incarnation_check_s=settings.broker_check_s,
-                                  on_broker_reset=self._announce_again, on_first_spool=self._say_spooling)
+                                  on_broker_reset=self._announce_again, on_first_spool=self._say_spooling,
+                                  confirmed=confirm_stored)
+        self._stored_feed = StoredFeed(self._config, run_id, rank=rank, confirm=self._delivery.confirm) if confirm_stored else None
+        if self._stored_feed is not None:
+            self._stored_feed.start()
         self._spool_directory = spool.directory
         self._transport = transport
         self._flush_requested = threading.Event()
@@ -211,6 +224,13 @@ class Producer(SenderLoop):
         self._collectives = dict(status)
         self._collectives_read_ns = time.time_ns() if read_ns is None else read_ns
 
+    def count_lost_window(self, reason: str) -> None:
+        """A profiler window was lost (its events never reached the producer): counted in the
+        heartbeats, so ``status`` shows it, and kept as the last error. Never raises."""
+        self._windows_lost += 1
+        if self.enabled:
+            self._delivery.note_error(f"profiler window lost: {reason}")
+
     @property
     def refusing(self) -> bool:
         """True while whatever is emitted would be dropped (the broker is down and the spool is as
@@ -242,6 +262,8 @@ class Producer(SenderLoop):
             broker_resets=counters.broker_resets,
             events_resent=counters.events_resent,
             events_not_resent=counters.events_not_resent,
+            send_failures=counters.send_failures,
+            windows_lost=self._windows_lost,
         )
 
     def _batches_waiting(self) -> int:
@@ -272,6 +294,8 @@ class Producer(SenderLoop):
         self._close_timeout = self._config.producer.close_timeout_s if timeout_s is None else timeout_s
         self._stopping.set()
         self._stopped.wait(self._close_timeout + 2.0)  # slack for a loaded machine; drain keeps a reserve too
+        if self._stored_feed is not None:
+            self._stored_feed.stop()
         for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
             setattr(self, name, _noop)
         stats = self.stats()

@@ -114,10 +114,12 @@ class ProfilerStream:
                 self._queue.put_nowait((results, activities, names))
             except queue.Full:  # the converter is far behind: drop this window rather than block training
                 self.dropped_windows += 1
+                self._producer.count_lost_window("the converter was still busy with earlier windows")
             self._send_distributed_info(prof)
         except Exception as exc:  # never break the training loop over a trace: counted instead
             self.failed_windows += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            self._producer.count_lost_window(self.last_error)
         if self._then is not None:
             self._then(prof)
 
@@ -151,6 +153,7 @@ class ProfilerStream:
             except Exception as exc:  # an activity torch changed the shape of: counted, the next window goes on
                 self.failed_windows += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                self._producer.count_lost_window(self.last_error)
             del results, activities
 
     def _convert(self, activities: list, thread_names: dict[int, str]) -> None:

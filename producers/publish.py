@@ -43,8 +43,9 @@ def publish_ranks(config: Config, run_id: str, ranks: list[int], *, world_size: 
                   fill: Callable[[dict[int, Producer]], dict[int, int]], summary: ImportSummary) -> None:
     """Run ``fill`` with one producer per rank (it returns records per rank) and make sure every
     message left. Session ids are ``<session_id>-<rank>``, so a re-import repeats its batch keys."""
+    # No announcements are awaited: an import is repeatable, and its command checks what was stored.
     producers = {rank: Producer(run_id=run_id, rank=rank, world_size=world_size, config=config,
-                                session_id=f"{session_id}-{rank}") for rank in ranks}
+                                session_id=f"{session_id}-{rank}", confirm_stored=False) for rank in ranks}
     try:
         for rank, count in fill(producers).items():
             summary.ranks[rank] = summary.ranks.get(rank, 0) + count

@@ -189,8 +189,9 @@ class SenderLoop:
                             session_id=self.session_id, seq=self._seq[stream], kind=kind, wire_payload=wire)
         if len(value) > MAX_MESSAGE_BYTES:
             raise _TooLarge()
+        sequence = (stream.value, self.session_id, self._seq[stream])
         self._seq[stream] += 1
-        self._delivery.submit(SpooledMessage(self._topics[stream], self._key, value, events))
+        self._delivery.submit(SpooledMessage(self._topics[stream], self._key, value, events, sequence=sequence))
 
 
 class _TooLarge(Exception):

@@ -8,6 +8,10 @@ the spool just reports that it could not take the message.
 
 Record layout: ``u16 topic length, u16 key length, u32 value length, u32 events`` then the bytes.
 The top bit of ``events`` marks a resend after a broker restart (older segments never set it).
+
+Each rank's directory has an ``acked/`` area beside it (:meth:`Spool.area`): segments the broker
+acknowledged that the materializer has not yet announced as stored (``producers.unconfirmed``).
+They go back to the spool proper whenever they must be sent again.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from rankstream.schemas.codec import peek_sequence
 from rankstream.schemas.processes import process_alive
 
-__all__ = ["Spool", "SpooledMessage", "left_behind"]
+__all__ = ["Spool", "SpooledMessage", "left_behind", "abandoned"]
 
 _HEADER = struct.Struct("<HHII")
 _RESEND_BIT = 1 << 31
@@ -38,11 +43,16 @@ class SpooledMessage:
     events: int
     #: Sent again after a broker restart, so its events are not counted as sent twice.
     resend: bool = False
+    #: ``(stream, session_id, seq)`` of its envelope: what the materializer's announcements name.
+    sequence: tuple[str, str, int] | None = None
 
 
 class Spool:
-    def __init__(self, root: Path, run_id: str, rank: int, *, max_bytes: int) -> None:
+    def __init__(self, root: Path, run_id: str, rank: int, *, max_bytes: int, area: str = "") -> None:
         self.directory = Path(root) / _UNSAFE.sub("_", run_id) / f"rank{rank}"
+        if area:
+            self.directory = self.directory / area
+        self._root, self._run_id, self._rank = Path(root), run_id, rank
         self.max_bytes = max_bytes
         self.last_error: str | None = None
         #: Size of the last message refused for the cap (0: none yet), see :meth:`would_refuse`.
@@ -51,6 +61,10 @@ class Spool:
         self._writer_path: Path | None = None
         self._writer_size = 0
         self._bytes = self._scan_size()
+
+    def area(self, name: str) -> "Spool":
+        """Another spool beside this one (``<rank dir>/<name>``), with the same cap."""
+        return Spool(self._root, self._run_id, self._rank, max_bytes=self.max_bytes, area=name)
 
     def _scan_size(self) -> int:
         try:
@@ -117,9 +131,7 @@ class Spool:
             return None
         if not segments:
             return None
-        if segments[0] == self._writer_path:
-            self._close_writer()
-            self._writer_path = None
+        self._seal(segments[0])
         return segments[0]
 
     @staticmethod
@@ -138,11 +150,46 @@ class Spool:
                 return
             topic = data[start:start + topic_len].decode()
             key = data[start + topic_len:start + topic_len + key_len]
-            yield SpooledMessage(topic, key, data[start + topic_len + key_len:end], events & ~_RESEND_BIT,
-                                 resend=bool(events & _RESEND_BIT))
+            value = data[start + topic_len + key_len:end]
+            yield SpooledMessage(topic, key, value, events & ~_RESEND_BIT, resend=bool(events & _RESEND_BIT),
+                                 sequence=peek_sequence(value))
             position = end
 
+    @property
+    def current_segment(self) -> Path | None:
+        """The segment the last ``append`` wrote to."""
+        return self._writer_path
+
+    def segments(self) -> list[Path]:
+        try:
+            return sorted(self.directory.glob("*.seg"))
+        except OSError:
+            return []
+
+    def move_segment(self, path: Path, to: "Spool") -> Path | None:
+        """Move a segment of this spool into ``to`` (a rename: no copy), named as written by this
+        process so that no other process takes it for left behind. Its new path, or None if the
+        disk refused."""
+        self._seal(path)
+        target = to.directory / f"{path.stem.split('-')[0]}-{os.getpid()}.seg"
+        try:
+            size = path.stat().st_size
+            to.directory.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        except OSError as exc:
+            self.last_error = f"spool {path}: {exc.strerror or exc}"
+            return None
+        self._bytes = max(0, self._bytes - size)
+        to._bytes += size
+        return target
+
+    def _seal(self, path: Path) -> None:
+        if path == self._writer_path:
+            self._close_writer()
+            self._writer_path = None
+
     def remove_segment(self, path: Path) -> None:
+        self._seal(path)
         try:
             size = path.stat().st_size
             path.unlink()
@@ -155,14 +202,20 @@ class Spool:
 
 
 def left_behind(root: Path) -> list[Path]:
-    """The segments under ``root`` that no running producer will send itself (the process that
-    wrote each is named in its file name), oldest first."""
-    found = []
-    for path in Path(root).glob("*/rank*/*.seg"):
-        try:
-            writer = int(path.stem.rsplit("-", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        if not process_alive(writer):
-            found.append(path)
-    return sorted(found, key=lambda p: p.name)
+    """The segments under ``root`` (acknowledged ones included) that no running producer will send
+    itself (the process that wrote each is named in its file name), oldest first."""
+    found = [*Path(root).glob("*/rank*/*.seg"), *Path(root).glob("*/rank*/acked/*.seg")]
+    return sorted((path for path in found if not _writer_alive(path)), key=lambda p: p.name)
+
+
+def abandoned(spool: Spool) -> list[Path]:
+    """The segments of ``spool`` whose writer process is gone, oldest first."""
+    return [path for path in spool.segments() if not _writer_alive(path)]
+
+
+def _writer_alive(path: Path) -> bool:
+    try:
+        writer = int(path.stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return True  # not a segment name of ours: leave it alone
+    return process_alive(writer)

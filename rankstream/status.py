@@ -44,7 +44,8 @@ WITH latest_heartbeat AS (
 ), producers AS (
     SELECT run_id, sum(events_dropped)::BIGINT AS dropped, sum(events_spooled)::BIGINT AS spooled,
            max(broker_resets)::BIGINT AS broker_resets, sum(events_resent)::BIGINT AS resent,
-           sum(events_not_resent)::BIGINT AS not_resent,
+           sum(events_not_resent)::BIGINT AS not_resent, sum(send_failures)::BIGINT AS send_failures,
+           sum(windows_lost)::BIGINT AS windows_lost,
            max(sent_ns) AS last_heartbeat_ns, count(DISTINCT rank) AS ranks_heartbeating
     FROM latest_heartbeat GROUP BY run_id
 )
@@ -52,7 +53,8 @@ SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.
        r.started_at, r.ended_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
        coalesce(p.dropped, 0) AS dropped, coalesce(p.spooled, 0) AS spooled,
        coalesce(p.broker_resets, 0) AS broker_resets, coalesce(p.resent, 0) AS resent,
-       coalesce(p.not_resent, 0) AS not_resent,
+       coalesce(p.not_resent, 0) AS not_resent, coalesce(p.send_failures, 0) AS send_failures,
+       coalesce(p.windows_lost, 0) AS windows_lost,
        coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns,
        coalesce(x.ranks_with_several_processes, 0) AS ranks_with_several_processes
 FROM runs r
@@ -125,6 +127,9 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         console.print("not resent: events acknowledged by a broker that then restarted without its log, after the "
                       "producer's resend window had let them go; missing msgs: sequence gaps in what arrived")
     for run in report["runs"]:
+        if run["send_failures"] or run["windows_lost"]:
+            console.print(f"run {run['run_id']}: {run['send_failures']:,} send(s) failed (the messages were kept and "
+                          f"sent again, not lost), {run['windows_lost']:,} profiler window(s) lost")
         if run["ranks_with_several_processes"]:
             console.print(f"[yellow]warning[/]: run {run['run_id']}: {run['ranks_with_several_processes']} rank(s) "
                           "were sent by more than one process (two launches under one run id, or a restart); "

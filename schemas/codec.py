@@ -18,7 +18,8 @@ from rankstream.schemas.envelope import ENVELOPE_VERSION, Envelope, PayloadKind,
 from rankstream.schemas.fields import PayloadError
 from rankstream.schemas.registry import CURRENT_VERSIONS, read_payload
 
-__all__ = ["encode", "encode_wire", "decode", "DecodeFailure", "MAX_MESSAGE_BYTES", "pack_local", "unpack_local"]
+__all__ = ["encode", "encode_wire", "decode", "DecodeFailure", "MAX_MESSAGE_BYTES", "pack_local", "unpack_local",
+           "peek_sequence"]
 
 #: Largest message the producer sends and the consumer accepts.
 MAX_MESSAGE_BYTES = 16 << 20
@@ -91,6 +92,30 @@ def _field(message: dict, name: str, kind: type) -> Any:
     if type(value) is not kind:
         raise PayloadError(f"envelope field {name!r} must be {kind.__name__}, got {type(value).__name__}")
     return value
+
+
+def peek_sequence(raw: bytes) -> tuple[str, str, int] | None:
+    """``(stream, session_id, seq)`` of an encoded envelope, without decoding its payload: a
+    producer reading back its spool needs only these to match the materializer's announcements.
+    None for anything that is not an envelope with them."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, **_LIMITS)
+        unpacker.feed(raw)
+        found: dict[str, Any] = {}
+        for _ in range(unpacker.read_map_header()):
+            name = unpacker.unpack()
+            if name in ("stream", "session", "seq"):
+                found[name] = unpacker.unpack()
+                if len(found) == 3:
+                    break
+            else:
+                unpacker.skip()
+    except Exception:  # msgpack raises several unrelated types; the caller treats it as "no key"
+        return None
+    stream, session, seq = found.get("stream"), found.get("session"), found.get("seq")
+    if type(stream) is str and type(session) is str and type(seq) is int:
+        return stream, session, seq
+    return None
 
 
 def decode(raw: bytes | None) -> Envelope | DecodeFailure:

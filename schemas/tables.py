@@ -76,7 +76,8 @@ PROCESS_GROUPS = Table("process_groups", "Process groups as each rank reported t
 _COUNTERS = ("events_emitted", "events_sent", "events_spooled", "events_dropped", "bytes_sent", "buffered_events",
              "spool_bytes")
 #: Every producer counter a heartbeat carries (the stats ``Producer.stats`` gives), the later ones optional.
-HEARTBEAT_COUNTERS = _COUNTERS + ("broker_resets", "events_resent", "events_not_resent")
+HEARTBEAT_COUNTERS = _COUNTERS + ("broker_resets", "events_resent", "events_not_resent", "send_failures",
+                                  "windows_lost")
 HEARTBEATS = Table("heartbeats", "One row per producer heartbeat (about one per second per rank), with its counters.", (
     _RUN, _RANK,
     C("session_id", "VARCHAR", not_null=True), C("sent_ns", "BIGINT", not_null=True),
@@ -88,6 +89,10 @@ HEARTBEATS = Table("heartbeats", "One row per producer heartbeat (about one per 
     C("broker_resets", "BIGINT", "broker restarts the producer noticed (it lost its log each time)", wire="optional"),
     C("events_resent", "BIGINT", "events resent from the resend window after those restarts", wire="optional"),
     C("events_not_resent", "BIGINT", "events the window's byte cap had let go: lost if never consumed", wire="optional"),
+    C("send_failures", "BIGINT", "sends the broker failed transiently (the messages were kept and sent again)",
+      wire="optional"),
+    C("windows_lost", "BIGINT", "profiler windows lost: dropped while the converter was behind, or failed",
+      wire="optional"),
 ))
 
 RANK_METADATA = Table("rank_metadata", "Every rank-metadata message (a rank sends it again with each clock-sync sample).", (

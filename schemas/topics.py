@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from rankstream.schemas.envelope import Stream
 
-__all__ = ["Record", "topic_for", "all_topics", "requests_topic", "message_key", "parse_message_key"]
+__all__ = ["Record", "topic_for", "all_topics", "requests_topic", "stored_topic", "message_key", "parse_message_key"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,12 @@ def requests_topic(prefix: str) -> str:
     """Where ``rankstream profile`` asks running ranks for windows: not an event stream, so it is
     not in :func:`all_topics` and the materializer never reads it."""
     return f"{prefix}.requests"
+
+
+def stored_topic(prefix: str) -> str:
+    """Where the materializer says which messages it stored (``schemas.stored``): producers keep
+    what the broker acknowledged until they read it there. Not an event stream either."""
+    return f"{prefix}.stored"
 
 
 def message_key(run_id: str, rank: int) -> bytes:

@@ -93,7 +93,7 @@ time.sleep(float(sys.argv[2]))
 
 def test_locked_database_gets_one_clear_retrying_line_then_proceeds(kafka_config):
     config = kafka_config()
-    producer = Producer(run_id="locked", rank=0, world_size=1, config=config)
+    producer = Producer(run_id="locked", rank=0, world_size=1, config=config, confirm_stored=False)  # no materializer yet
     producer.emit("op", ts_ns=1)
     producer.close()
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.db_path), "4"], stdout=subprocess.PIPE,

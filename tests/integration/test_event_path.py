@@ -49,7 +49,7 @@ class _ModulesVisited:
 def test_one_event_from_emit_to_select(kafka_config):
     config = kafka_config()
     with _ModulesVisited() as rank_side:  # installed first, so the sender thread is followed too
-        producer = Producer(run_id="path", rank=0, world_size=1, config=config)
+        producer = Producer(run_id="path", rank=0, world_size=1, config=config, confirm_stored=False)  # stored later
         rank_side.armed = True
         producer.emit(name="forward", ph="X", ts_ns=1_000, dur_ns=500)
         producer.close()

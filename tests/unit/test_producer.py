@@ -380,6 +380,6 @@ def test_a_message_failed_transiently_is_kept_and_delivered(make_config, bus):
     while producer.stats().events_sent < 3_000 and time.monotonic() < deadline:
         time.sleep(0.05)
     stats = producer.close()
-    assert stats.events_dropped == 0
+    assert stats.events_dropped == 0 and stats.send_failures > 0  # counted, though nothing was lost
     batches = {(e.stream, e.session_id, e.seq): e for e in read_all(bus, config.topic_prefix)}  # resends share a key
     assert trace_events(batches.values()) == 3_000

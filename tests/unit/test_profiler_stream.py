@@ -4,17 +4,24 @@ The reference here converts one activity at a time with the accessors torch docu
 streamed columns must hold exactly the same values."""
 
 import json
+import threading
 
+import duckdb
 import pytest
 import torch
 import torch.profiler as tp
 
+from rich.console import Console
+
+from rankstream.consumers.materializer import Materializer
+from rankstream.consumers.store import Store
 from rankstream.producers.producer import Producer
 from rankstream.producers.profiler import ProfilerStream, profile, window_columns
 from rankstream.producers.trace_columns import trace_batches
-from rankstream.schemas import PayloadKind
+from rankstream.schemas import PayloadKind, all_topics
+from rankstream.status import collect_status, render_status
 from rankstream.schemas.trace import NULL_INT, TraceBatch
-from tests.doubles import MemoryTransport
+from tests.doubles import MemorySource, MemoryTransport
 from tests.unit.test_producer import read_all
 
 
@@ -112,6 +119,30 @@ def test_a_window_beyond_the_producers_bound_is_dropped_and_counted(make_config,
     assert producer.stats().events_dropped == batch.count
     assert producer.stats().buffered_events == 0
     producer.close()
+
+
+def test_a_window_that_cannot_be_taken_is_counted_in_the_heartbeats(make_config, bus):
+    config = make_config()
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
+    stream = ProfilerStream(producer, rank=0)
+
+    class Broken:  # what a torch whose results changed shape would hand over
+        profiler = None
+
+    stream(Broken())
+    stats = producer.close()
+    assert stream.failed_windows == 1 and stats.windows_lost == 1
+    assert "profiler window lost" in stats.last_error
+    final = [e.payload for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.HEARTBEAT][-1]
+    assert final.fields["windows_lost"] == 1
+    store = Store(duckdb.connect(str(config.db_path)))
+    Materializer(config, store, MemorySource(bus, all_topics(config.topic_prefix)), log=lambda line: None).run(
+        threading.Event(), until_caught_up=True)
+    store.connection.close()
+    console = Console(record=True, width=200)
+    render_status(collect_status(config), console)
+    assert "run r: 0 send(s) failed (the messages were kept and sent again, not lost), 1 profiler window(s) lost" \
+        in console.export_text()
 
 
 def batch_events(batch: TraceBatch) -> list[dict]:

@@ -101,13 +101,13 @@ def test_offsets_commit_with_rows_and_a_failed_write_changes_nothing(store):
     class Boom(Exception):
         pass
 
-    original = store._insert
+    original = store._insert_rejects
 
-    def failing_insert(table, arrow):
-        original(table, arrow)
+    def failing_insert(arrow):
+        original(arrow)
         raise Boom()
 
-    store._insert = failing_insert
+    store._insert_rejects = failing_insert
     with pytest.raises(Boom):
         store.write([Record("t", 0, 1, b"k", b"\xc1", 0)])
     assert store.offsets() == {("t", 0): 1}

@@ -1,0 +1,36 @@
+"""The materializer's announcements of what it stored, as one rank's producer hears them.
+
+Follows ``<prefix>.stored`` (``schemas.stored``) and hands this run's and rank's ranges to the
+delivery, which then lets go of the messages they cover. Any announcement, even one for other
+ranks, tells the delivery the materializer is there: a closing producer waits for it longer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rankstream.producers.topic_tail import TopicTail
+from rankstream.schemas.config import Config
+from rankstream.schemas.stored import decode_stored
+from rankstream.schemas.topics import stored_topic
+
+__all__ = ["StoredFeed"]
+
+
+class StoredFeed:
+    def __init__(self, config: Config, run_id: str, *, rank: int,
+                 confirm: Callable[[dict[tuple[str, str], list[tuple[int, int]]]], None]) -> None:
+        self._run_id, self._rank, self._confirm = run_id, rank, confirm
+        self._tail = TopicTail(config, stored_topic(config.topic_prefix), self._received,
+                               name=f"rankstream-stored-r{rank}", poll_s=0.5)
+        self.listening = self._tail.listening
+
+    def start(self) -> None:
+        self._tail.start()
+
+    def stop(self) -> None:
+        self._tail.stop()
+
+    def _received(self, raw: bytes | None) -> None:
+        self._confirm({(item.sender[2], item.sender[3]): item.ranges for item in decode_stored(raw)
+                       if item.sender[0] == self._run_id and item.sender[1] == self._rank})

@@ -1,0 +1,64 @@
+"""Following a small topic from its end on a daemon thread: how producers hear from the rest of
+rankstream with no daemon of their own (``rankstream profile``'s requests, the materializer's
+announcements of what it stored). The training thread never waits on it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from rankstream.producers.kafka_client import client_options
+from rankstream.schemas.config import Config
+
+__all__ = ["TopicTail"]
+
+#: After the broker could not be reached, the next attempt comes this much later.
+RETRY_S = 5.0
+
+
+class TopicTail:
+    """Reads ``topic`` from its end (as of when it first connects) and calls ``on_value(bytes)``
+    for every message after that; reconnects after a failure."""
+
+    def __init__(self, config: Config, topic: str, on_value: Callable[[bytes | None], None], *,
+                 name: str, poll_s: float = 1.0) -> None:
+        self._config, self._topic, self._on_value, self._poll_s = config, topic, on_value, poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        #: Set once the tail reads from the end of the topic: messages sent after it count.
+        self.listening = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow()
+            except Exception:  # the broker is away: messages wait on the topic, we come back later
+                self._stop.wait(RETRY_S)
+
+    def _follow(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(**client_options(self._config), group_id=None, enable_auto_commit=False,
+                                 request_timeout_ms=10000, fetch_max_wait_ms=int(self._poll_s * 500))
+        try:
+            partitions = consumer.partitions_for_topic(self._topic)
+            if not partitions:
+                raise LookupError(f"no topic {self._topic} yet")
+            consumer.assign([TopicPartition(self._topic, p) for p in sorted(partitions)])
+            consumer.seek_to_end()
+            for partition in consumer.assignment():
+                consumer.position(partition)  # resolve the end now: later messages are the ones we see
+            self.listening.set()
+            while not self._stop.is_set():
+                for records in consumer.poll(timeout_ms=int(self._poll_s * 1000)).values():
+                    for record in records:
+                        self._on_value(record.value)
+        finally:
+            consumer.close()
