@@ -69,6 +69,16 @@ def test_events_from_several_ranks_reach_duckdb_exactly(kafka_config):
     assert count(config, "fr_entries") > 0
 
 
+def test_a_restarted_materializer_goes_on_where_it_stopped_and_rereads_nothing(kafka_config):
+    config = kafka_config()
+    produce(config, ranks=2)
+    lines: list[str] = []
+    first = materialize(config, threading.Event(), once=True, log=lines.append)
+    again = materialize(config, threading.Event(), once=True, log=lines.append)
+    assert first.messages > 0 and (again.messages, again.duplicates) == (0, 0), lines
+    assert not any("restarted" in line or "again" in line for line in lines), lines
+
+
 def test_replaying_partitions_twice_gives_identical_tables(kafka_config):
     config = kafka_config()
     produce(config)
