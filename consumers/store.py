@@ -220,8 +220,9 @@ class Store:
         insert_arrow(self.connection, table, arrow)
 
     def _known_messages(self, keys: pa.Table) -> tuple[set[int], dict[int, str]]:
-        """Indexes (within the poll) of messages whose batch key is already stored, and among them
-        the conflicting repeats (a different kind or event count under the same key) with a reason."""
+        """Indexes (within the poll) of messages whose batch key is already stored, or whose run
+        ``rankstream gc`` removed, and among them the conflicting repeats (a different kind or event
+        count under the same key) with a reason."""
         if not keys.num_rows:
             return set(), {}
         with _registered(self.connection, "_candidate_keys", keys):
@@ -230,10 +231,12 @@ class Store:
                 "JOIN ingested_batches b ON b.run_id = c.run_id AND b.rank = c.rank AND b.stream = c.stream "
                 "AND b.session_id = c.session_id AND b.seq = c.seq"
             ).fetchall()
+            removed = self.connection.execute(
+                f"SELECT c.{MESSAGE_COLUMN} FROM _candidate_keys c SEMI JOIN removed_runs USING (run_id)").fetchall()
         conflicts = {index: conflict_reason((kind, events, digest), (c_kind, c_events, c_digest))
                      for index, kind, events, digest, c_kind, c_events, c_digest in known
                      if not same_content((kind, events, digest), (c_kind, c_events, c_digest))}
-        return {index for index, *_ in known}, conflicts
+        return {index for index, *_ in known} | {index for index, in removed}, conflicts
 
     def _advance(self, next_offsets: dict[tuple[str, int], int]) -> None:
         table = pa.table({

@@ -19,8 +19,11 @@ from prefect.cache_policies import NO_CACHE
 from rankstream.consumers.query import connect
 from rankstream.flows.collective_analysis import diagnose_run as diagnose_stored_run
 from rankstream.flows.pipeline import ANALYSES, finished_runs_to_analyze
+from rankstream.flows.retention import collect_garbage
 from rankstream.flows.run_tables import replace_run_rows
 from rankstream.flows.timeline import write_timeline
+from rankstream.schemas.config import path_safe
+from rankstream.schemas.settings import load_config
 from rankstream.schemas.errors import is_transient
 
 __all__ = ["collective_diagnosis", "clock_alignment", "step_analysis", "communication_analysis", "breakdown_analysis",
@@ -69,7 +72,7 @@ def diagnose_run(db_path: str, run_id: str) -> dict:
 
 @task(cache_policy=NO_CACHE)
 def timeline_task(db_path: str, run_id: str, output_dir: str, *, max_events: int) -> list[str]:
-    result = write_timeline(Path(db_path), run_id, Path(output_dir) / f"{run_id}.json.gz", max_events=max_events)
+    result = write_timeline(Path(db_path), run_id, Path(output_dir) / f"{path_safe(run_id)}.json.gz", max_events=max_events)
     return [str(path) for path in result.files]
 
 
@@ -149,3 +152,14 @@ def end_of_run(db_path: str = "rankstream.duckdb", timeline_dir: str | None = No
         replace_run_rows(Path(db_path), run, "end_of_run", tables=[], statements=[])  # no rows: just record it in analyses_done
         done.append(run)
     return done
+
+
+@flow(name="rankstream-retention")
+def retention(db_path: str = "rankstream.duckdb", keep_runs: int | None = None, older_than_days: float | None = 30.0, *,
+              timeline_dir: str | None = None) -> list[str]:
+    """``rankstream gc`` on a schedule: remove the runs past the limits (rows, spool, run files and,
+    with ``timeline_dir``, timeline files), keeping a tombstone of each. Returns one line per run."""
+    config = load_config({"db_path": Path(db_path)})
+    removals = collect_garbage(config, keep_runs=keep_runs, older_than_days=older_than_days,
+                               timeline_dirs=[Path(timeline_dir)] if timeline_dir else None)
+    return [removal.line(dry_run=False) for removal in removals]

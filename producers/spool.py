@@ -17,7 +17,6 @@ They go back to the spool proper whenever they must be sent again.
 from __future__ import annotations
 
 import os
-import re
 import struct
 import time
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rankstream.schemas.codec import peek_sequence
+from rankstream.schemas.config import path_safe
 from rankstream.schemas.processes import process_alive
 
 __all__ = ["Spool", "SpooledMessage", "left_behind", "abandoned"]
@@ -32,7 +32,6 @@ __all__ = ["Spool", "SpooledMessage", "left_behind", "abandoned"]
 _HEADER = struct.Struct("<HHII")
 _RESEND_BIT = 1 << 31
 _SEGMENT_BYTES = 8 << 20
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +48,7 @@ class SpooledMessage:
 
 class Spool:
     def __init__(self, root: Path, run_id: str, rank: int, *, max_bytes: int, area: str = "") -> None:
-        self.directory = Path(root) / _UNSAFE.sub("_", run_id) / f"rank{rank}"
+        self.directory = Path(root) / path_safe(run_id) / f"rank{rank}"
         if area:
             self.directory = self.directory / area
         self._root, self._run_id, self._rank = Path(root), run_id, rank

@@ -82,7 +82,7 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
     if config.producer.flush_interval_s == ProducerSettings.flush_interval_s:
         config = with_overrides(config, **{"producer.flush_interval_s": RUN_FLUSH_INTERVAL_S})
     run_id = options.run_id or new_run_id(options.command)
-    run_dir = config.state_dir / "runs" / run_id
+    run_dir = config.run_dir(run_id)
     if _elsewhere(config):
         return _run_on_another_node(config, options, run_id, run_dir, say)
     try:

@@ -50,7 +50,7 @@ WITH latest_heartbeat AS (
     FROM latest_heartbeat GROUP BY run_id
 )
 SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.run_id) AS ranks_seen,
-       r.started_at, r.ended_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
+       r.started_at, r.ended_at, r.removed_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
        coalesce(p.dropped, 0) AS dropped, coalesce(p.spooled, 0) AS spooled,
        coalesce(p.broker_resets, 0) AS broker_resets, coalesce(p.resent, 0) AS resent,
        coalesce(p.not_resent, 0) AS not_resent, coalesce(p.send_failures, 0) AS send_failures,
@@ -119,7 +119,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
                   "spooled", "broker resets", "not resent", "missing msgs", title="runs")
     for run in report["runs"]:
         table.add_row(str(run["run_id"]), str(run["world_size"]), str(run["ranks_seen"]), str(run["started_at"]),
-                      str(run["ended_at"] or "running"), f"{run['events']:,}", f"{run['fr_entries']:,}",
+                      "removed" if run["removed_at"] else str(run["ended_at"] or "running"), f"{run['events']:,}", f"{run['fr_entries']:,}",
                       f"{run['dropped']:,}", f"{run['spooled']:,}", f"{run['broker_resets']:,}",
                       f"{run['not_resent']:,}", f"{run['missing_messages']:,}")
     console.print(table)

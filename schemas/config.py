@@ -8,13 +8,23 @@ and the value named. Where the values come from (flags, environment, config file
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rankstream.schemas.errors import ConfigError
 
-__all__ = ["KafkaSettings", "ProducerSettings", "Config", "EMBEDDED_HOST"]
+__all__ = ["KafkaSettings", "ProducerSettings", "Config", "EMBEDDED_HOST", "path_safe"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def path_safe(run_id: str) -> str:
+    """A run id as one file name: every character that could leave the folder (``/``, ``..`` as a
+    whole name) or confuse a shell is replaced, so a run's files stay where they are expected."""
+    name = _UNSAFE.sub("_", run_id)
+    return name if name.strip(".") else name.replace(".", "_")
 
 #: Where the embedded broker listens unless ``up --bind`` says otherwise.
 EMBEDDED_HOST = "127.0.0.1"
@@ -166,3 +176,7 @@ class Config:
     @property
     def spool_dir(self) -> Path:
         return Path(self.producer.spool_dir) if self.producer.spool_dir else self.state_dir / "spool"
+
+    def run_dir(self, run_id: str) -> Path:
+        """Where ``rankstream run`` writes a run's report and timeline."""
+        return self.state_dir / "runs" / path_safe(run_id)

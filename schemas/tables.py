@@ -16,7 +16,7 @@ from rankstream.schemas.analysis_tables import ANALYSIS_TABLES
 from rankstream.schemas.columns import Column as C
 from rankstream.schemas.columns import Table
 
-__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "HEARTBEAT_COUNTERS", "RANK_METADATA", "REJECTS", "INPUT_REJECTS", "TABLES", "table",
+__all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "HEARTBEAT_COUNTERS", "RANK_METADATA", "REJECTS", "INPUT_REJECTS", "REMOVED_RUNS", "TABLES", "table",
            "PROJECTION_TABLES", "BOOKKEEPING_TABLES", "ddl", "SCHEMA_VERSION", "EXISTING_COLUMNS_SQL"]
 
 _RUN, _RANK = C("run_id", "VARCHAR", not_null=True), C("rank", "INTEGER", not_null=True)
@@ -147,11 +147,20 @@ INPUT_REJECTS = Table("input_rejects", "Items of imported files that failed vali
     C("raw", "VARCHAR", "the item as JSON (cut at 64 kB)", wire="optional"),
 ))
 
+REMOVED_RUNS = Table("removed_runs", "Runs `rankstream gc` removed: their rows are gone from every table, and the "
+                     "materializer skips any message of theirs that is read again (a resend, a spool, a rebuild).", (
+    C("run_id", "VARCHAR"), C("removed_ns", "BIGINT", not_null=True),
+    C("started_ns", "BIGINT", "when the run had started"), C("world_size", "INTEGER"),
+    C("rows_removed", "BIGINT", not_null=True), C("reason", "VARCHAR", not_null=True),
+), primary_key=("run_id",))
+
 #: Filled from the bus; a rebuild empties them.
 PROJECTION_TABLES = (TRACE_EVENTS, FR_ENTRIES, PROCESS_GROUPS, HEARTBEATS, RANK_METADATA, REJECTS, INPUT_REJECTS)
 #: The materializer's own position; a rebuild empties these too.
 BOOKKEEPING_TABLES = (INGESTED_BATCHES, BUS_INCARNATION, CONSUMER_OFFSETS)
-TABLES = PROJECTION_TABLES + BOOKKEEPING_TABLES + ANALYSIS_TABLES
+#: Kept by a rebuild: the bus may still hold removed runs' messages.
+RETENTION_TABLES = (REMOVED_RUNS,)
+TABLES = PROJECTION_TABLES + BOOKKEEPING_TABLES + ANALYSIS_TABLES + RETENTION_TABLES
 
 
 def table(name: str) -> Table:

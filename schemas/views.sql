@@ -21,8 +21,13 @@ SELECT s.run_id,
        make_timestamp(s.started_at_ns // 1000) AS started_at,
        CASE WHEN f.final_ranks >= s.world_size THEN make_timestamp(f.last_final_ns // 1000) END AS ended_at,
        s.world_size,
-       s.metadata
-FROM started s LEFT JOIN finished f USING (run_id);
+       s.metadata,
+       NULL::TIMESTAMP AS removed_at
+FROM started s LEFT JOIN finished f USING (run_id)
+UNION ALL
+-- a removed run stays listed (its tombstone), with when it was removed
+SELECT run_id, make_timestamp(started_ns // 1000), NULL, world_size, NULL, make_timestamp(removed_ns // 1000)
+FROM removed_runs WHERE run_id NOT IN (SELECT run_id FROM started);
 
 CREATE OR REPLACE VIEW fr_entries_latest AS
 SELECT * FROM fr_entries

@@ -1,4 +1,4 @@
-"""Commands that bring data in and get it out: ``import fr``, ``import trace``, ``sql``."""
+"""Commands that bring data in, get it out and remove it: ``import fr``, ``import trace``, ``sql``, ``gc``."""
 
 from __future__ import annotations
 
@@ -73,3 +73,22 @@ def sql(
     database = server_module("consumers.query").connect(config().db_path, read_only=not write, timeout_s=timeout)
     table = (database.execute if write else database.arrow)(query, param or None)
     print_table(table, "json" if as_json else "csv" if as_csv else "table")
+
+
+@app.command(epilog="Example: rankstream gc --keep-runs 20 --older-than 30 --dry-run")
+def gc(
+    keep_runs: Optional[int] = typer.Option(None, "--keep-runs", min=0, help="Keep only the N most recent runs."),
+    older_than: Optional[float] = typer.Option(None, "--older-than", min=0,
+                                               help="Remove the runs started more than DAYS days ago."),
+    timeline_dir: list[Path] = typer.Option([], "--timeline-dir",
+                                            help="Also remove the runs' timeline files in this folder."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be removed; remove nothing."),
+) -> None:
+    """Remove old runs: their rows in every table, their spools, report and timeline files. A
+    tombstone stays (the run is listed in `runs` with removed_at), and a run in progress is kept."""
+    removals = server_module("flows.retention").collect_garbage(
+        config(), keep_runs=keep_runs, older_than_days=older_than, timeline_dirs=timeline_dir, dry_run=dry_run)
+    for removal in removals:
+        console.print(removal.line(dry_run))
+    if not removals:
+        console.print("nothing to remove")
