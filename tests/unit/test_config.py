@@ -59,3 +59,12 @@ def test_config_env_round_trips_through_the_environment(tmp_path):
                           "kafka.bootstrap_servers": "k1:9092,k2:9092"}, env={})
     again = load_config(env=config_env(config))
     assert again == config
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "../../etc", "a/../../b", "/abs", "x\\y", "run 1;rm -rf", "ok-run.1"])
+def test_a_run_id_becomes_one_file_name_inside_its_folder(run_id, tmp_path):
+    from rankstream.schemas.config import path_safe
+
+    name = path_safe(run_id)
+    assert (tmp_path / name).resolve().parent == tmp_path.resolve() and name not in (".", "..")
+    assert name == run_id or run_id != "ok-run.1"
