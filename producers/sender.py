@@ -85,11 +85,15 @@ class SenderLoop:
         self._transport.close()
 
     def _cut_trace_batches(self, whole: bool) -> None:
-        """Pop full batches (and, if ``whole``, the remainder) and encode them."""
+        """Pop full batches (and, if ``whole``, the remainder) and encode them: only the rows
+        queued when it starts, so a training thread that keeps the queue full cannot keep the
+        sender here and away from pumping the delivery (retries, the resend window's cap)."""
         size = self._config.producer.batch_events
         rows_queue = self._rows
-        while len(rows_queue) >= size or (whole and rows_queue):
+        backlog = len(rows_queue)
+        while backlog > 0 and (len(rows_queue) >= size or (whole and rows_queue)):
             count = min(size, len(rows_queue))
+            backlog -= count
             rows = [rows_queue.popleft() for _ in range(count)]
             self._emitted += count
             if self._delivery.refusing():
