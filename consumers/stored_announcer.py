@@ -88,18 +88,26 @@ class KafkaAnnouncements:
     def __init__(self, config: Config) -> None:
         self._config = config
         self._producer = None
+        #: The committer thread and the main loop both announce: one client, made once.
+        self._lock = threading.Lock()
 
     def __call__(self, message: bytes) -> None:
         from kafka import KafkaProducer
 
-        try:
-            if self._producer is None:
-                self._producer = KafkaProducer(**client_options(self._config), acks=1, linger_ms=0, max_block_ms=2000)
-            self._producer.send(stored_topic(self._config.topic_prefix), message)
-        except Exception:  # the broker is away: the next repeat announces the same, and more
-            self.close()
+        with self._lock:
+            try:
+                if self._producer is None:
+                    self._producer = KafkaProducer(**client_options(self._config), acks=1, linger_ms=0,
+                                                   max_block_ms=2000)
+                self._producer.send(stored_topic(self._config.topic_prefix), message)
+            except Exception:  # the broker is away: the next repeat announces the same, and more
+                self._close()
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._producer is not None:
             close_quietly(self._producer, timeout=1)
             self._producer = None

@@ -1,6 +1,6 @@
 """The materializer killed with SIGKILL at random moments, over and over, on the real broker:
 every event emitted ends up in DuckDB exactly once (rows, batch keys and offsets commit together).
-20 kills by default, 60 with ``--long``; one of the restarts is a ``--rebuild`` (killed too)."""
+12 kills by default, 60 with ``--long``; one of the restarts is a ``--rebuild`` (killed too)."""
 
 import os
 import random
@@ -42,7 +42,7 @@ def test_sigkilled_materializer_loses_and_repeats_nothing(kafka_config, long_mod
     env = {**os.environ, **config_env(config)}
     command = [sys.executable, "-m", "rankstream", "consume", "--no-serve-sql", "--max-messages", "1"]
     rng = random.Random(20261122)
-    kills = 60 if long_mode else 20
+    kills = 60 if long_mode else 12
     progress = []
     for round_number in range(kills):
         extra = ["--rebuild"] if round_number == kills // 2 else []
