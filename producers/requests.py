@@ -41,22 +41,14 @@ def decode_request(raw: bytes | None) -> dict[str, Any] | None:
     return request
 
 
-class RequestListener:
+class RequestListener(TopicTail):
     """Follows the requests topic; calls ``on_request(request)`` for this rank's."""
 
     def __init__(self, config: Config, run_id: str, *, rank: int, on_request: Callable[[dict], None]) -> None:
+        super().__init__(config, requests_topic(config.topic_prefix), name="rankstream-requests")
         self._run_id, self._rank, self._on_request = run_id, rank, on_request
-        self._tail = TopicTail(config, requests_topic(config.topic_prefix), self._received, name="rankstream-requests")
-        #: Set once the listener reads from the end of the topic: requests sent after it count.
-        self.listening = self._tail.listening
 
-    def start(self) -> None:
-        self._tail.start()
-
-    def stop(self) -> None:
-        self._tail.stop()
-
-    def _received(self, raw: bytes | None) -> None:
+    def received(self, raw: bytes | None) -> None:
         request = decode_request(raw)
         if request and request["run_id"] == self._run_id and (request["ranks"] is None or self._rank in request["ranks"]):
             self._on_request(request)

@@ -17,20 +17,12 @@ from rankstream.schemas.topics import stored_topic
 __all__ = ["StoredFeed"]
 
 
-class StoredFeed:
+class StoredFeed(TopicTail):
     def __init__(self, config: Config, run_id: str, *, rank: int,
                  confirm: Callable[[dict[tuple[str, str], list[tuple[int, int]]]], None]) -> None:
+        super().__init__(config, stored_topic(config.topic_prefix), name=f"rankstream-stored-r{rank}", poll_s=0.5)
         self._run_id, self._rank, self._confirm = run_id, rank, confirm
-        self._tail = TopicTail(config, stored_topic(config.topic_prefix), self._received,
-                               name=f"rankstream-stored-r{rank}", poll_s=0.5)
-        self.listening = self._tail.listening
 
-    def start(self) -> None:
-        self._tail.start()
-
-    def stop(self) -> None:
-        self._tail.stop()
-
-    def _received(self, raw: bytes | None) -> None:
+    def received(self, raw: bytes | None) -> None:
         self._confirm({(item.sender[2], item.sender[3]): item.ranges for item in decode_stored(raw)
                        if item.sender[0] == self._run_id and item.sender[1] == self._rank})

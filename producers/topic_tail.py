@@ -6,7 +6,6 @@ announcements of what it stored). The training thread never waits on it.
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 from rankstream.producers.kafka_client import client_options
 from rankstream.schemas.config import Config
@@ -18,12 +17,11 @@ RETRY_S = 5.0
 
 
 class TopicTail:
-    """Reads ``topic`` from its end (as of when it first connects) and calls ``on_value(bytes)``
-    for every message after that; reconnects after a failure."""
+    """Reads ``topic`` from its end (as of when it first connects) and hands every message after
+    that to :meth:`received`, which a subclass defines; reconnects after a failure."""
 
-    def __init__(self, config: Config, topic: str, on_value: Callable[[bytes | None], None], *,
-                 name: str, poll_s: float = 1.0) -> None:
-        self._config, self._topic, self._on_value, self._poll_s = config, topic, on_value, poll_s
+    def __init__(self, config: Config, topic: str, *, name: str, poll_s: float = 1.0) -> None:
+        self._config, self._topic, self._poll_s = config, topic, poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         #: Set once the tail reads from the end of the topic: messages sent after it count.
@@ -34,6 +32,9 @@ class TopicTail:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def received(self, raw: bytes | None) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -59,6 +60,6 @@ class TopicTail:
             while not self._stop.is_set():
                 for records in consumer.poll(timeout_ms=int(self._poll_s * 1000)).values():
                     for record in records:
-                        self._on_value(record.value)
+                        self.received(record.value)
         finally:
             consumer.close()
