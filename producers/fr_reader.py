@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rankstream.producers.importing import check_input_file, content_session_id, item_as_json
+from rankstream.producers.json_position import first_problem
 from rankstream.schemas.errors import BadInput
 from rankstream.schemas.fields import PayloadError, check_record
 from rankstream.schemas.records import FR_FIELDS
@@ -67,7 +68,9 @@ def parse_dump(raw: bytes, source: str, *, entries: bool = True) -> dict[str, An
             try:
                 dump = json.loads(raw)
             except (ValueError, RecursionError) as exc:
-                raise BadInput(f"{source}: not valid JSON: {str(exc)[:200]}") from None
+                problem = first_problem(raw)
+                raise BadInput(f"{source}: not valid JSON "
+                               + (problem.describe() if problem else f"({str(exc)[:200]})")) from None
         else:
             dump = safe_loads(raw)
     except UnsafePickle as exc:

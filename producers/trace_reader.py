@@ -9,7 +9,8 @@ about a MB where an element seems to end (``}``, ``,``, ``{``) and parses each s
 two top-level elements is never guessed: a cut inside a string or a nested object leaves a slice
 that does not parse, and the reader tries an earlier cut. Whatever the fast reader cannot place
 (no ``traceEvents`` key near the start, a giant single-line event, invalid JSON) it hands, from
-where it stopped, to ijson, which reads the rest and names the first syntax error. Parsing runs
+where it stopped, to ijson, which reads the rest. When ijson fails, the text is read again from the
+last element that parsed to name the byte where it goes wrong (``json_position``). Parsing runs
 with the garbage collector paused: the thousands of fresh dicts of each slice otherwise set off
 collections that cost as much as the parse, and parsed JSON holds no reference cycles.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -27,6 +29,7 @@ import orjson
 
 from rankstream.schemas.errors import BadInput
 from rankstream.producers.importing import paused_gc
+from rankstream.producers.json_position import first_problem_in_stream
 
 __all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]
 
@@ -52,6 +55,8 @@ class Recorder:
         self._raw = raw
         self.head = b""
         self.tail = b""
+        #: Bytes passed on so far (the padding included, which only ever comes last).
+        self.passed = 0
         self._top: bytes | None = None
         self._closed = False
 
@@ -59,6 +64,7 @@ class Recorder:
         if size == 0:
             return b""
         data = self._raw.read(size)
+        self.passed += len(data)
         if data:
             if len(self.head) < EDGE_BYTES:
                 self.head += data[:EDGE_BYTES - len(self.head)]
@@ -70,8 +76,15 @@ class Recorder:
             self._closed = True
             ending = self.tail.rstrip()
             if not ending.endswith(b"]"):
-                return b"{}]" if ending.endswith(b",") else b"]"
+                padding = b"{}]" if ending.endswith(b",") else b"]"
+                self.passed += len(padding)
+                return padding
         return b""
+
+    def reread_from(self, offset: int):
+        """The underlying file, placed at ``offset`` (of the decompressed text, for gzip)."""
+        self._raw.seek(offset)
+        return self._raw
 
 
 def open_trace(path: Path):
@@ -88,8 +101,8 @@ def event_chunks(path: Path, source: Recorder, chunk_bytes: int = CHUNK_BYTES) -
 
     The garbage collector stays paused until the iteration ends, including while the caller
     works on a chunk: its objects are then freed before the collector counts them.
-    Raises ``BadInput`` when the file is neither a JSON array nor an object, and ijson's or the
-    decompressor's errors when the JSON or the gzip stream is broken."""
+    Raises ``BadInput`` when the file is neither a JSON array nor an object or its JSON is broken
+    (naming the byte where), and the decompressor's errors when the gzip stream is broken."""
     with paused_gc():
         yield from _chunks(path, source, chunk_bytes)
 
@@ -105,7 +118,7 @@ def _chunks(path: Path, source: Recorder, chunk_bytes: int) -> Iterator[list]:
     else:
         raise BadInput(f"{path}: not a Chrome trace (expected a JSON object or array)")
     if begin is None:  # the key is not near the start: only a full parser can find it
-        yield from _slow_chunks(buffer, source, items)
+        yield from _slow_chunks(path, buffer, source, items, _Restart(0, b""))
         return
     prefix, position, at_end, wanted = buffer[:begin], begin, False, chunk_bytes
     while True:
@@ -119,7 +132,8 @@ def _chunks(path: Path, source: Recorder, chunk_bytes: int) -> Iterator[list]:
             if not at_end and wanted < 4 * chunk_bytes:  # no cut that parses yet: try more text
                 wanted *= 2
                 continue
-            yield from _slow_chunks(prefix + buffer[position:], source, items)
+            restart = _Restart(source.passed - len(buffer) + position, b"[" if top == b"[" else b'{"_":[')
+            yield from _slow_chunks(path, prefix + buffer[position:], source, items, restart)
             return
         events, position = parsed
         wanted = chunk_bytes
@@ -185,17 +199,42 @@ def _parses(text: bytes) -> bool:
         return False
 
 
-def _slow_chunks(start: bytes, source: Recorder, items: str) -> Iterator[list]:
+@dataclass(frozen=True)
+class _Restart:
+    """Where the slow reader's text resumes the file: the byte offset of its first unread event,
+    and what turns the text from there into a document of its own (``[`` for the rest of an
+    array's elements; nothing at the file's beginning)."""
+
+    offset: int
+    lead: bytes
+
+
+def _slow_chunks(path: Path, start: bytes, source: Recorder, items: str, restart: _Restart) -> Iterator[list]:
     """ijson over ``start`` and then the rest of ``source``; ``start`` begins with the document's
     own beginning, up to and including the events array's ``[`` and any events not yet read."""
     chunk: list = []
-    for event in ijson.items(_Prepend(start, source), items, use_float=True):
-        chunk.append(event)
-        if len(chunk) == _SLOW_CHUNK_EVENTS:
-            yield chunk
-            chunk = []
+    try:
+        for event in ijson.items(_Prepend(start, source), items, use_float=True):
+            chunk.append(event)
+            if len(chunk) == _SLOW_CHUNK_EVENTS:
+                yield chunk
+                chunk = []
+    except (ijson.JSONError, RecursionError, UnicodeDecodeError) as exc:
+        raise _located(path, source, restart) or exc from None
+    if source.tail.rstrip()[-1:] not in (b"]", b"}", b","):  # ijson takes an unclosed string after the end
+        raise _located(path, source, restart) or BadInput(f"{path}: not readable as a Chrome trace: trailing text")
     if chunk:
         yield chunk
+
+
+def _located(path: Path, source: Recorder, restart: _Restart) -> BadInput | None:
+    """The error naming the byte where the text goes wrong, found by reading it again from
+    ``restart``; None if that finds nothing wrong."""
+    problem = first_problem_in_stream(source.reread_from(restart.offset), restart.lead)
+    if problem is None:
+        return None
+    of = " of the decompressed text" if path.suffix == ".gz" else ""
+    return BadInput(f"{path}: not readable as a Chrome trace: {problem.describe(restart.offset, of)}")
 
 
 class _Prepend:

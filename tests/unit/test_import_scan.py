@@ -70,7 +70,7 @@ def test_a_merged_trace_keeps_its_pid_ranks_despite_a_fallback(tmp_path):
 @pytest.mark.parametrize("content,problem", [
     ("", "empty file"),
     ("\x00\x01binary", "not a Chrome trace"),
-    ('{"traceEvents": [{"ph": "X", "ts": 1}', "not readable as a Chrome trace"),
+    ('{"traceEvents": [{"ph": "X", "ts": 1}', "not readable as a Chrome trace: at byte 37: unexpected end of data"),
     ('[{"ph": "Q", "ts": 1}]', "unknown phase 'Q'"),
     ('[{"ph": "X", "name": "a", "ts": 1, "dur": -5}]', "'dur' must be a number of microseconds between 0"),
     ('{"traceEvents": []}', "contains no trace events"),

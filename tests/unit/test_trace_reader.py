@@ -6,7 +6,6 @@ import io
 import json
 from pathlib import Path
 
-import ijson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,14 +69,15 @@ def test_unterminated_arrays_and_gzip(tmp_path):
         assert [e for c in event_chunks(path, Recorder(raw), 64) for e in c] == events
 
 
-@pytest.mark.parametrize("text", [
-    b'{"traceEvents": [{"ph": "X", "ts": 1}, {"ph": "X", "ts": 2}',   # object cut short
-    b'[{"ph": "X", "ts": 1}, {"ph": "X" "ts": 2}]',                   # missing comma
-    b'{"traceEvents": [{"ph": "X", "ts": 1}]} trailing',
+@pytest.mark.parametrize("text,at,what", [
+    (b'{"traceEvents": [{"ph": "X", "ts": 1}, {"ph": "X", "ts": 2}', 59, "unexpected end of data"),  # cut short
+    (b'[{"ph": "X", "ts": 1}, {"ph": "X" "ts": 2}]', 34, "expected ',' or '}'"),                  # missing comma
+    (b'{"traceEvents": [{"ph": "X", "ts": 1}]} trailing', 40, "unexpected content after document"),
+    (b'[{"ph": "X", "ts": 1}]"', 22, "unexpected content after document"),  # ijson alone takes this one
 ])
-def test_broken_json_raises_the_parsers_error(text):
+def test_broken_json_is_bad_input_naming_the_byte(text, at, what):
     for chunk_bytes in (16, 1 << 20):
-        with pytest.raises((ValueError, ijson.JSONError)):
+        with pytest.raises(BadInput, match=f"^t.json: not readable as a Chrome trace: at byte {at}: .*{what}"):
             read(text, chunk_bytes)
 
 
