@@ -191,7 +191,8 @@ class Delivery:
             self._to_spool(message)
         with self._lock:
             unannounced = self._window.release(self._spool)
-        for message in unannounced:  # the close line names the spool; "no broker" would be wrong here
+            self._not_resent += unannounced.not_resent
+        for message in unannounced.messages:  # the close line names the spool; "no broker" would be wrong here
             self._to_spool(dataclasses.replace(message, resend=True), announce=False)
         self._spool.close()
 

@@ -299,10 +299,12 @@ class Producer(SenderLoop):
         for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
             setattr(self, name, _noop)
         stats = self.stats()
-        if stats.spool_bytes or stats.events_dropped:
+        if stats.spool_bytes or stats.events_dropped or stats.events_not_resent:
             _say(f"run {self.run_id} rank {self.rank}: {stats.events_sent:,} events sent, "
                  f"{stats.spool_bytes:,} bytes left in the spool {self._spool_directory}, "
                  f"{stats.events_dropped:,} events dropped"
+                 + (f", {stats.events_not_resent:,} acknowledged events not kept until stored (past the caps)"
+                    if stats.events_not_resent else "")
                  + (" (`rankstream up` or `rankstream flush` delivers the spool)" if stats.spool_bytes else ""))
         return stats
 

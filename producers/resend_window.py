@@ -153,12 +153,13 @@ class ResendWindow:
         self._segments.clear()
         return taken
 
-    def release(self, spool: Spool) -> list[SpooledMessage]:
+    def release(self, spool: Spool) -> Taken:
         """At close (confirmed mode): what is still unannounced goes back into ``spool``, segments
-        by a rename; the messages in memory are returned for the caller to spool (and count)."""
+        by a rename; the messages in memory are returned for the caller to spool, with the count
+        of those the acked area had no room for (the caller counts both)."""
         if not self.confirmed:
-            return []
-        return self.take(0.0, spool).messages
+            return Taken(messages=[], not_resent=0)
+        return self.take(0.0, spool)
 
     def recover(self, spool: Spool) -> None:
         """At start: acked segments whose writer process is gone go back into ``spool``, to be sent

@@ -93,6 +93,21 @@ def test_past_its_memory_cap_the_window_goes_to_disk_and_a_broker_restart_resend
     assert sorted(_seq(r.value) for r in resent) == list(range(40))
 
 
+def test_what_the_acked_area_has_no_room_for_at_close_is_counted(bus, tmp_path):
+    """Every acknowledged, unannounced message ends in the spool or in a counter: the window's
+    memory cap sends the oldest to the acked area, whose cap is the spool's."""
+    small = Spool(tmp_path / "spool", "job", 0, max_bytes=6_000)
+    sending = delivery(bus, small, resend_window_bytes=2_000)
+    for seq in range(40):
+        sending.submit(message(seq, size=500))
+    for _ in range(3):
+        sending.pump()
+    sending.drain(timeout_s=0.5)
+    counters = sending.counters()
+    assert counters.events_not_resent > 0 and counters.events_sent == 40
+    assert len(spooled_sequences(small)) + counters.events_dropped + counters.events_not_resent == 40
+
+
 def test_acked_segments_of_a_process_that_died_are_sent_again_by_the_next_one(bus, spool):
     acked = spool.area("acked")
     acked.directory.mkdir(parents=True)
