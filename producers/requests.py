@@ -45,7 +45,7 @@ class RequestListener(TopicTail):
     """Follows the requests topic; calls ``on_request(request)`` for this rank's."""
 
     def __init__(self, config: Config, run_id: str, *, rank: int, on_request: Callable[[dict], None]) -> None:
-        super().__init__(config, requests_topic(config.topic_prefix), name="rankstream-requests")
+        super().__init__(config, requests_topic(config.topic_prefix), name="rankstream-requests", poll_s=2.0)
         self._run_id, self._rank, self._on_request = run_id, rank, on_request
 
     def received(self, raw: bytes | None) -> None:

@@ -20,7 +20,7 @@ __all__ = ["StoredFeed"]
 class StoredFeed(TopicTail):
     def __init__(self, config: Config, run_id: str, *, rank: int,
                  confirm: Callable[[dict[tuple[str, str], list[tuple[int, int]]]], None]) -> None:
-        super().__init__(config, stored_topic(config.topic_prefix), name=f"rankstream-stored-r{rank}", poll_s=0.5)
+        super().__init__(config, stored_topic(config.topic_prefix), name=f"rankstream-stored-r{rank}", poll_s=1.0)
         self._run_id, self._rank, self._confirm = run_id, rank, confirm
 
     def received(self, raw: bytes | None) -> None:

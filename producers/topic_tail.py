@@ -21,6 +21,8 @@ class TopicTail:
     that to :meth:`received`, which a subclass defines; reconnects after a failure."""
 
     def __init__(self, config: Config, topic: str, *, name: str, poll_s: float = 1.0) -> None:
+        """A message waits at most ``poll_s`` to be seen; each idle fetch costs the rank's process
+        and the broker some CPU, so tails that can wait a second or two do (docs/benchmarks.md)."""
         self._config, self._topic, self._poll_s = config, topic, poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

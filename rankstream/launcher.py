@@ -42,8 +42,9 @@ DRAIN_S = 20.0
 #: more, and the default 0.1 s made the materializer's per-message cost take the cores a 2-rank
 #: job needed (docs/benchmarks.md).
 RUN_FLUSH_INTERVAL_S = 1.0
-#: How often the live findings are looked up (the hang watch itself passes every 2 s).
-FINDINGS_EVERY_S = 1.0
+#: How often the live findings are looked up: as often as the hang watch passes. Each lookup is a
+#: query the materializer answers on the cores the job needs.
+FINDINGS_EVERY_S = 2.0
 #: How long a killed job may take to end before it is killed for good.
 KILL_GRACE_S = 10.0
 
