@@ -19,6 +19,7 @@ from typing import Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rankstream.consumers.prepare import PreparedBatch, conflict_reason, prepare, same_content
 from rankstream.consumers.projector import MESSAGE_COLUMN
@@ -205,14 +206,23 @@ class Store:
 
     def _insert_rejects(self, arrow: pa.Table) -> None:
         """Rejects not stored yet: one row per message at its coordinates, however often it is
-        read (the same bytes at the same topic, partition and offset)."""
+        read (the same bytes at the same topic, partition and offset). The stored rejects are
+        looked up by coordinates first, within the poll's offsets (row groups outside them are
+        skipped unread): their raw bytes, up to megabytes each, are compared only on a reread,
+        never scanned for every poll."""
         columns = ", ".join(arrow.column_names)
+        offsets = pc.min_max(arrow["kafka_offset"])
+        bounds = [offsets["min"].as_py(), offsets["max"].as_py()]
         with _registered(self.connection, "_incoming_rejects", arrow):
-            self.connection.execute(
-                f"INSERT INTO rejects ({columns}) SELECT {columns} FROM _incoming_rejects i WHERE NOT EXISTS "
-                "(SELECT 1 FROM rejects r "
-                "WHERE r.topic = i.topic AND r.partition = i.partition AND r.kafka_offset = i.kafka_offset "
-                "AND r.raw IS NOT DISTINCT FROM i.raw)")
+            reread = self.connection.execute(
+                "SELECT count(*) FROM rejects r SEMI JOIN _incoming_rejects i USING (topic, partition, kafka_offset) "
+                "WHERE r.kafka_offset BETWEEN $1 AND $2", bounds).fetchone()[0]
+            unseen = ("" if not reread else
+                      " WHERE NOT EXISTS (SELECT 1 FROM rejects r WHERE r.kafka_offset BETWEEN $1 AND $2 "
+                      "AND r.topic = i.topic AND r.partition = i.partition AND r.kafka_offset = i.kafka_offset "
+                      "AND r.raw IS NOT DISTINCT FROM i.raw)")
+            self.connection.execute(f"INSERT INTO rejects ({columns}) SELECT {columns} FROM _incoming_rejects i"
+                                    + unseen, bounds if reread else [])
 
     def _insert(self, table: str, arrow: pa.Table) -> None:
         if MESSAGE_COLUMN in arrow.column_names:

@@ -151,3 +151,7 @@ def test_a_rejected_message_read_twice_at_the_same_offset_is_one_reject_row(tmp_
     store.write([bad])
     store.write([Record("t.trace", 0, 8, b"job/0", b"\xc1 not msgpack", 0)])
     assert store.connection.execute("SELECT kafka_offset FROM rejects ORDER BY 1").fetchall() == [(7,), (8,)]
+    store.write([Record("t.trace", 0, 7, b"job/0", b"\xc1 other bytes", 0),  # a restarted broker reuses offsets
+                 Record("t.trace", 0, 8, b"job/0", b"\xc1 not msgpack", 0)])
+    assert store.connection.execute("SELECT kafka_offset, raw FROM rejects ORDER BY 1, 2").fetchall() == [
+        (7, b"\xc1 not msgpack"), (7, b"\xc1 other bytes"), (8, b"\xc1 not msgpack")]
