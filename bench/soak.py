@@ -560,15 +560,15 @@ def fuzz(root: Path, count: int) -> dict:
             sender.send(topic, key=key, value=value)
         sender.flush(60)
         sender.close()
-        _wait_until(lambda: _materializer_status(config).get("lag_messages") == 0
-                    and _materializer_status(config).get("messages", 0) >= len(mixed), 300, 0.5)
+        drained_s = _wait_until(lambda: _materializer_status(config).get("lag_messages") == 0
+                                and _materializer_status(config).get("messages", 0) >= len(mixed), 300, 0.5)
         alive = materializer_pid(config) == pid
         rejects, events = _query(config, "SELECT (SELECT count(*) FROM rejects WHERE reason <> ''), "
                                  "(SELECT count(*) FROM trace_events WHERE run_id = 'fuzzed')")[0]
     finally:
         down(config)
     return {"tried": count, "rejects": rejects, "valid_events": emitted, "stored_events": events,
-            "materializer_survived": alive}
+            "materializer_survived": alive, "drained_s": drained_s}
 
 
 SECTIONS = ("burst", "broker-down", "materializer-crash", "broker-restart", "rank-kill", "fuzz")
@@ -638,7 +638,8 @@ def main() -> None:
         row = fuzz(root, args.fuzz)
         print(f"== {row['tried']:,} malformed messages through the real broker, interleaved with a valid job")
         print(f"  rejected with a reason {row['rejects']:,}; valid events stored {row['stored_events']:,} of "
-              f"{row['valid_events']:,}; materializer crashes {0 if row['materializer_survived'] else 'at least 1'}")
+              f"{row['valid_events']:,}; materializer crashes {0 if row['materializer_survived'] else 'at least 1'}; "
+              + ("NOT DRAINED after 300 s" if row["drained_s"] is None else f"all read in {row['drained_s']:.1f} s"))
 
 
 def broker_down_section(root: Path, args) -> None:
