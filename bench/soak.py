@@ -456,6 +456,12 @@ def burst_child(rank: int, world: int, seconds: float, config, results) -> None:
     closing = time.monotonic()
     stats = producer.close(timeout_s=120)
     close_s = time.monotonic() - closing
+    if producer._thread.is_alive():  # where the sender still is, for the report
+        import traceback
+
+        frame = sys._current_frames().get(producer._thread.ident)
+        print(f"rank {rank}: sender still running after close:\n" + "".join(traceback.format_stack(frame)[-6:]),
+              file=sys.stderr)
     from rankstream.producers.spool import Spool
 
     spool = Spool(config.spool_dir, "burst", rank, max_bytes=config.producer.spool_max_bytes)
@@ -471,6 +477,7 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
     """``ranks`` producer processes at full rate, forked (64 interpreter starts would take the burst)."""
     from rankstream.deploy.broker import broker_status
     from rankstream.services import materializer_pid
+    from rankstream.spools import deliver_spools
 
     caps = {"producer.max_buffered_events": 100_000, "producer.max_inflight_bytes": 16 << 20,
             "producer.resend_window_bytes": 16 << 20}
@@ -511,13 +518,18 @@ def burst(root: Path, ranks: int, seconds: float) -> dict:
         _wait_until(caught_up, 600, 0.5)
         caught_up_s = time.monotonic() - (burst_over or started)
         stored = _query(config, "SELECT count(*) FROM trace_events WHERE run_id = 'burst'")[0][0]
+        flushed_s = time.monotonic()
+        deliver_spools(config, wait_s=300)  # what `rankstream flush` does: the spools left at exit
+        flushed_s = time.monotonic() - flushed_s
+        stored_after_flush = _query(config, "SELECT count(*) FROM trace_events WHERE run_id = 'burst'")[0][0]
         rejects = _query(config, "SELECT count(*), any_value(reason) FROM rejects")[0]
         materializer_status = _materializer_status(config)
     finally:
         down(config)
     return {"ranks": ranks, "seconds": seconds, "emitted": sum(r["emitted"] for r in reports), "sent": sent,
             "dropped": sum(r["dropped"] for r in reports), "spooled": sum(r["spooled"] for r in reports),
-            "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s, "producer_mb": max(r["rss_mb"] for r in reports),
+            "left_in_spool": sum(r["left_in_spool"] for r in reports), "stored": stored, "caught_up_s": caught_up_s,
+            "stored_after_flush": stored_after_flush, "flush_s": flushed_s, "producer_mb": max(r["rss_mb"] for r in reports),
             "growth_mb": max(r["rss_mb"] - r["before_mb"] for r in reports), **peak,
             "caps": caps, "rejects": rejects[0], "reject_reason": rejects[1],
             # producers whose close returned before their sender finished: what they still held is lost
@@ -599,6 +611,8 @@ def main() -> None:
         print(f"  events accepted {row['emitted']:,} (dropped at the producers' caps {row['dropped']:,}); stored "
               f"{row['stored']:,}, left in the spools at exit {row['left_in_spool']:,} (resent when a rank restarts); "
               f"spooled at some point {row['spooled']:,}")
+        print(f"  after delivering the spools (`rankstream flush`, {row['flush_s']:.1f} s): stored "
+              f"{row['stored_after_flush']:,} of {row['emitted']:,} accepted")
         print(f"  acknowledged by the broker {row['sent']:,}; producers whose close returned before their sender "
               f"finished (rank, close s): {row['close_timed_out'] or 'none'}")
         print(f"  peak lag {row['lag']:,} messages; caught up {row['caught_up_s']:.1f} s after the burst ended; "

@@ -41,3 +41,46 @@ def test_kafka_failures_become_permanent_only_when_the_message_itself_was_refuse
     for passing in (kafka_errors.KafkaTimeoutError(), kafka_errors.OutOfOrderSequenceNumberError(),
                     kafka_errors.UnknownProducerIdError(), kafka_errors.KafkaConnectionError()):
         assert is_transient(delivery_error(passing)), passing
+
+
+class _HeldFuture:
+    """A kafka-python send future the broker answers only when the test says so."""
+
+    def __init__(self) -> None:
+        self.callbacks, self.errbacks = [], []
+
+    def add_callback(self, callback) -> None:
+        self.callbacks.append(callback)
+
+    def add_errback(self, errback) -> None:
+        self.errbacks.append(errback)
+
+
+class _SlowBroker:
+    def __init__(self) -> None:
+        self.futures = []
+
+    def send(self, topic, key, value):
+        self.futures.append(_HeldFuture())
+        return self.futures[-1]
+
+
+def test_flush_waits_for_every_record_but_never_past_its_timeout_in_all(make_config):
+    """kafka-python's own flush gives its timeout to each batch in turn: a saturated broker kept
+    producers' closes past their deadline, and the process exited with messages unspooled."""
+    transport = KafkaTransport(make_config())
+    transport._producer = broker = _SlowBroker()
+    outcomes = []
+    for index in range(50):
+        transport.send("t", b"k", b"v", done=outcomes.append)
+    started = time.monotonic()
+    transport.flush(0.3)
+    assert time.monotonic() - started < 1.0 and outcomes == []
+    assert transport.last_error == "50 records unacknowledged after 0.3 s"
+    for future in broker.futures[:49]:
+        future.callbacks[0](None)
+    broker.futures[49].errbacks[0](RuntimeError("refused"))
+    started = time.monotonic()
+    transport.flush(30.0)
+    assert time.monotonic() - started < 1.0 and outcomes[:49] == [None] * 49 and outcomes[49] is not None
+    transport._producer = None
