@@ -230,7 +230,10 @@ def _slow_chunks(path: Path, start: bytes, source: Recorder, items: str, restart
 def _located(path: Path, source: Recorder, restart: _Restart) -> BadInput | None:
     """The error naming the byte where the text goes wrong, found by reading it again from
     ``restart``; None if that finds nothing wrong."""
-    problem = first_problem_in_stream(source.reread_from(restart.offset), restart.lead)
+    try:
+        problem = first_problem_in_stream(source.reread_from(restart.offset), restart.lead)
+    except (OSError, ValueError):  # a source that cannot seek: the parser's own error stands
+        return None
     if problem is None:
         return None
     of = " of the decompressed text" if path.suffix == ".gz" else ""
