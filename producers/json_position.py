@@ -20,7 +20,7 @@ __all__ = ["JsonProblem", "first_problem", "first_problem_in_stream"]
 #: The first window read by :func:`first_problem_in_stream`, doubled while the text ends too early.
 FIRST_WINDOW = 1 << 20
 #: Past this much text the search stops (the error names no offset then).
-MAX_WINDOW = 256 << 20
+MAX_WINDOW = 64 << 20
 _POSITION = re.compile(r": line \d+ column \d+ \(char \d+\)$")
 _TRUNCATED = "unexpected end of data"
 

@@ -114,3 +114,12 @@ def test_a_json_flight_recorder_dump_names_the_byte():
         parse_dump(broken, "rank_0")
     assert str(error.value) == f"rank_0: not valid JSON at byte {broken.index(b',}'):,}: " \
                                + first_problem(broken).what
+
+
+def test_past_its_largest_window_the_search_gives_up_rather_than_load_the_file(monkeypatch):
+    monkeypatch.setattr(json_position, "FIRST_WINDOW", 16)
+    monkeypatch.setattr(json_position, "MAX_WINDOW", 64)
+    text = b'{"name": "op"},' * 20 + b'{"name" 1}]'
+    assert first_problem_in_stream(io.BytesIO(text), b"[") is None
+    monkeypatch.setattr(json_position, "MAX_WINDOW", 1024)
+    assert first_problem_in_stream(io.BytesIO(text), b"[").offset == text.index(b" 1}]") + 1
