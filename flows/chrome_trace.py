@@ -14,6 +14,8 @@ import json
 from numbers import Number
 from pathlib import Path
 
+from rankstream.producers.json_position import first_problem_in_stream
+from rankstream.producers.trace_reader import open_trace
 from rankstream.producers.trace_validation import CHROME_PHASES, event_problem
 
 __all__ = ["check_chrome_trace", "PHASES"]
@@ -29,16 +31,31 @@ def _load(path: Path):
         return json.load(handle)
 
 
+def _unreadable(path: Path, exc: Exception) -> str:
+    """The importer's words for JSON that breaks: the byte where it first goes wrong."""
+    try:
+        with open_trace(path) as raw:
+            problem = first_problem_in_stream(raw)
+    except (OSError, EOFError, ValueError):
+        problem = None
+    if problem is None:
+        return f"not readable as JSON: {type(exc).__name__}: {exc}"[:300]
+    of = " of the decompressed text" if path.name.endswith(".gz") else ""
+    return f"not readable as a Chrome trace: {problem.describe(of=of)}"
+
+
 def check_chrome_trace(path: Path | str, limit: int = 20) -> tuple[list[str], dict]:
     """(problems, summary): up to ``limit`` problems, and counts of events by phase and of pids."""
     path = Path(path)
     try:
         data = _load(path)
-    except (OSError, ValueError, EOFError) as exc:
-        return [f"{path}: not readable as JSON: {exc}"], {}
+    except (ValueError, RecursionError) as exc:
+        return [_unreadable(path, exc)], {}
+    except (OSError, EOFError) as exc:
+        return [f"not readable: {exc}"], {}
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
-        return [f"{path}: expected a JSON array or an object with a traceEvents array"], {}
+        return ["expected a JSON array or an object with a traceEvents array"], {}
     problems: list[str] = []
     stacks: dict[tuple, list[str]] = {}
     phases: dict[str, int] = {}

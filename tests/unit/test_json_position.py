@@ -123,3 +123,20 @@ def test_past_its_largest_window_the_search_gives_up_rather_than_load_the_file(m
     assert first_problem_in_stream(io.BytesIO(text), b"[") is None
     monkeypatch.setattr(json_position, "MAX_WINDOW", 1024)
     assert first_problem_in_stream(io.BytesIO(text), b"[").offset == text.index(b" 1}]") + 1
+
+
+def test_check_trace_names_the_same_byte_as_the_importer_in_one_line(tmp_path):
+    from rankstream.flows.chrome_trace import check_chrome_trace
+    from rankstream.producers.import_trace import scan_trace
+
+    path = tmp_path / "rank0.json"
+    path.write_bytes('[{"ph": "X", "ts": 1, "dur": 1, "name": "é" "a"}]'.encode())
+    problems, _ = check_chrome_trace(path)
+    with pytest.raises(BadInput) as error:
+        scan_trace(path)
+    assert problems == [str(error.value).split(": ", 1)[1]] == [
+        "not readable as a Chrome trace: at byte 45: unexpected character, expected ',' or '}'"]
+    deep = tmp_path / "deep.json"  # Python's json module used to raise RecursionError through the CLI
+    deep.write_bytes(b'[{"ph": "X", "ts": 1, "args": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}]")
+    problems, _ = check_chrome_trace(deep)
+    assert len(problems) == 1 and problems[0].endswith("depth limit exceeded")
