@@ -14,8 +14,7 @@ import json
 from numbers import Number
 from pathlib import Path
 
-from rankstream.producers.json_position import first_problem_in_stream
-from rankstream.producers.trace_reader import open_trace
+from rankstream.producers.trace_reader import broken_json, open_trace
 from rankstream.producers.trace_validation import CHROME_PHASES, event_problem
 
 __all__ = ["check_chrome_trace", "PHASES"]
@@ -35,13 +34,10 @@ def _unreadable(path: Path, exc: Exception) -> str:
     """The importer's words for JSON that breaks: the byte where it first goes wrong."""
     try:
         with open_trace(path) as raw:
-            problem = first_problem_in_stream(raw)
+            problem = broken_json(path, raw)
     except (OSError, EOFError, ValueError):
         problem = None
-    if problem is None:
-        return f"not readable as JSON: {type(exc).__name__}: {exc}"[:300]
-    of = " of the decompressed text" if path.name.endswith(".gz") else ""
-    return f"not readable as a Chrome trace: {problem.describe(of=of)}"
+    return problem or f"not readable as JSON: {type(exc).__name__}: {exc}"[:300]
 
 
 def check_chrome_trace(path: Path | str, limit: int = 20) -> tuple[list[str], dict]:

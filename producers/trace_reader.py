@@ -31,7 +31,7 @@ from rankstream.schemas.errors import BadInput
 from rankstream.producers.importing import paused_gc
 from rankstream.producers.json_position import first_problem_in_stream
 
-__all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata"]
+__all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata", "broken_json"]
 
 #: Text parsed at once by the fast reader: large enough to amortise the cut search, small enough
 #: that a slice's parsed events (many times the text as Python objects) stay small. Larger
@@ -231,13 +231,20 @@ def _located(path: Path, source: Recorder, restart: _Restart) -> BadInput | None
     """The error naming the byte where the text goes wrong, found by reading it again from
     ``restart``; None if that finds nothing wrong."""
     try:
-        problem = first_problem_in_stream(source.reread_from(restart.offset), restart.lead)
+        problem = broken_json(path, source.reread_from(restart.offset), restart)
     except (OSError, ValueError):  # a source that cannot seek: the parser's own error stands
         return None
+    return None if problem is None else BadInput(f"{path}: {problem}")
+
+
+def broken_json(path: Path, raw, restart: _Restart = _Restart(0, b"")) -> str | None:
+    """``not readable as a Chrome trace: at byte N: what`` for the text ``raw`` holds from
+    ``restart`` on (``check-trace`` says it in the importer's words); None if it parses."""
+    problem = first_problem_in_stream(raw, restart.lead)
     if problem is None:
         return None
     of = " of the decompressed text" if path.suffix == ".gz" else ""
-    return BadInput(f"{path}: not readable as a Chrome trace: {problem.describe(restart.offset, of)}")
+    return f"not readable as a Chrome trace: {problem.describe(restart.offset, of)}"
 
 
 class _Prepend:
