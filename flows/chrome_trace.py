@@ -14,7 +14,7 @@ import json
 from numbers import Number
 from pathlib import Path
 
-from rankstream.producers.trace_reader import broken_json, open_trace
+from rankstream.producers.trace_reader import unreadable
 from rankstream.producers.trace_validation import CHROME_PHASES, event_problem
 
 __all__ = ["check_chrome_trace", "PHASES"]
@@ -30,23 +30,13 @@ def _load(path: Path):
         return json.load(handle)
 
 
-def _unreadable(path: Path, exc: Exception) -> str:
-    """The importer's words for JSON that breaks: the byte where it first goes wrong."""
-    try:
-        with open_trace(path) as raw:
-            problem = broken_json(path, raw)
-    except (OSError, EOFError, ValueError):
-        problem = None
-    return problem or f"not readable as JSON: {type(exc).__name__}: {exc}"[:300]
-
-
 def check_chrome_trace(path: Path | str, limit: int = 20) -> tuple[list[str], dict]:
     """(problems, summary): up to ``limit`` problems, and counts of events by phase and of pids."""
     path = Path(path)
     try:
         data = _load(path)
     except (ValueError, RecursionError) as exc:
-        return [_unreadable(path, exc)], {}
+        return [unreadable(path, exc)], {}
     except (OSError, EOFError) as exc:
         return [f"not readable: {exc}"], {}
     events = data.get("traceEvents") if isinstance(data, dict) else data

@@ -44,7 +44,7 @@ from rankstream.producers.importing import check_input_file, content_session_id,
 from rankstream.producers.batch_file import BatchFile
 from rankstream.producers.trace_columns import (Steps, as_int, event_columns, finish_batch, step_number, steps_by_pid,
                                                 trace_batches)
-from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata
+from rankstream.producers.trace_reader import Recorder, event_chunks, open_trace, read_metadata, unreadable
 from rankstream.producers.trace_validation import CHROME_PHASES, checked_chunk
 from rankstream.schemas.trace import TraceBatch
 
@@ -122,7 +122,9 @@ def scan_trace(path: Path, rank: int | None = None, batches: BatchFile | None = 
                 if batches is not None:
                     for batch in trace_batches(event_columns(events), batch_events):
                         batches.append(batch)
-        except (ijson.JSONError, ValueError, OSError, EOFError, zlib.error, RecursionError) as exc:
+        except RecursionError as exc:  # args nested too deep to encode, though ijson read them
+            raise BadInput(f"{path}: {unreadable(path, exc)}") from None
+        except (ijson.JSONError, ValueError, OSError, EOFError, zlib.error) as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]
             raise BadInput(f"{path}: not readable as a Chrome trace: {type(exc).__name__}: {reason}"[:400]) from None
         digest = zlib.crc32(recorder.head + recorder.tail)

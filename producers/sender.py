@@ -110,6 +110,10 @@ class SenderLoop:
             if not rows:
                 return
             batch = TraceBatch.from_rows(rows)
+        except Exception as exc:  # anything else the encoder meets costs this batch, never the thread
+            self._delivery.count_dropped(len(rows))
+            self._delivery.note_error(f"a batch of {len(rows)} events dropped: {type(exc).__name__}: {exc}"[:300])
+            return
         try:
             self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), len(rows))
         except _TooLarge:

@@ -31,7 +31,8 @@ from rankstream.schemas.errors import BadInput
 from rankstream.producers.importing import paused_gc
 from rankstream.producers.json_position import first_problem_in_stream
 
-__all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata", "broken_json"]
+__all__ = ["CHUNK_BYTES", "EDGE_BYTES", "Recorder", "open_trace", "event_chunks", "read_metadata", "broken_json",
+           "unreadable"]
 
 #: Text parsed at once by the fast reader: large enough to amortise the cut search, small enough
 #: that a slice's parsed events (many times the text as Python objects) stay small. Larger
@@ -245,6 +246,19 @@ def broken_json(path: Path, raw, restart: _Restart = _Restart(0, b"")) -> str | 
         return None
     of = " of the decompressed text" if path.suffix == ".gz" else ""
     return f"not readable as a Chrome trace: {problem.describe(restart.offset, of)}"
+
+
+def unreadable(path: Path, exc: BaseException) -> str:
+    """``not readable ...`` for a file whose text a parser or an encoder gave up on (``exc``): the
+    byte where the JSON first goes wrong, found by reading the file again (nesting deeper than
+    orjson's 1,024 levels counts); the exception's own words if the text parses."""
+    try:
+        with open_trace(path) as raw:
+            problem = broken_json(path, raw)
+    except (OSError, EOFError, ValueError):
+        problem = None
+    reason = (str(exc).strip().splitlines() or [""])[0]
+    return problem or f"not readable as a Chrome trace: {type(exc).__name__}: {reason}"[:300]
 
 
 class _Prepend:

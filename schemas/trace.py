@@ -149,8 +149,15 @@ def _args_text(value: Any) -> str | None:
             return orjson.dumps(value, default=str, option=_ORJSON_OPTIONS).decode()
         except orjson.JSONEncodeError:
             return json.dumps(value, separators=(",", ":"), default=str, allow_nan=False)
-    except (TypeError, ValueError):
-        return json.dumps({"unserializable": repr(value)[:200]})
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps({"unserializable": _short_repr(value)})
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        return repr(value)[:200]
+    except RecursionError:  # args nested past the interpreter's recursion limit
+        return "nested too deep to encode"
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,3 +140,22 @@ def test_check_trace_names_the_same_byte_as_the_importer_in_one_line(tmp_path):
     deep.write_bytes(b'[{"ph": "X", "ts": 1, "args": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}]")
     problems, _ = check_chrome_trace(deep)
     assert len(problems) == 1 and problems[0].endswith("depth limit exceeded")
+
+
+def test_args_nested_past_the_parser_limit_get_the_same_line_from_import_and_check_trace(tmp_path):
+    # ijson reads any depth, so the importer met the nesting only when it encoded the args, and
+    # said "RecursionError" with no byte while check-trace named one.
+    from rankstream.flows.chrome_trace import check_chrome_trace
+    from rankstream.producers.batch_file import BatchFile
+    from rankstream.producers.import_trace import scan_trace
+
+    deep = b'{"a": ' * 5000 + b"1" + b"}" * 5000
+    path = tmp_path / "rank0.json"
+    path.write_bytes(b'[{"name": "op", "ph": "X", "ts": 1, "dur": 1, "pid": 1, "tid": 1},'
+                     b' {"name": "op", "ph": "X", "ts": 2, "dur": 1, "pid": 1, "tid": 1, "args": ' + deep + b"}]")
+    problems, _ = check_chrome_trace(path)
+    with pytest.raises(BadInput) as error, BatchFile(tmp_path / "batches") as batches:
+        scan_trace(path, batches=batches)  # converting the events into batches encodes their args
+    assert str(error.value) == f"{path}: {problems[0]}"
+    assert offset_in(problems[0]) == first_problem(path.read_bytes()).offset
+    assert problems[0].endswith("depth limit exceeded")

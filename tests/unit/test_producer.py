@@ -137,6 +137,24 @@ def test_queued_events_with_args_never_reach_the_oldest_gc_generation(make_confi
     assert len(args) == 20_000 and args[7] == {"value": 7.0, "name": "loss"}
 
 
+def test_args_nested_too_deep_to_encode_keep_their_event_and_the_sender_thread(make_config, bus):
+    # The encoder's RecursionError escaped the sender thread, which stopped: every later event lost.
+    config = make_config(**{"producer.batch_events": 10})
+    producer = Producer(run_id="r", rank=0, world_size=1, config=config, transport=MemoryTransport(bus))
+    deep = 1
+    for _ in range(5000):
+        deep = {"a": deep}
+    producer.emit("deep", ts_ns=1, args={"k": deep})
+    for i in range(25):
+        producer.emit("after", ts_ns=2 + i, args={"i": i})
+    stats = producer.close()
+    batches = [e.payload for e in read_all(bus, config.topic_prefix) if e.kind is PayloadKind.TRACE_BATCH]
+    texts = [json.loads(t) for b in batches for t in b.args]
+    assert stats.events_sent == 26 and stats.events_dropped == 0
+    assert texts[0] == {"unserializable": "nested too deep to encode"}
+    assert texts[1:] == [{"i": i} for i in range(25)]
+
+
 def test_buffer_is_bounded_and_overflow_is_counted(make_config, bus):
     transport = SlowConnect(bus, delay_s=0.5)
     config = make_config(**{"producer.max_buffered_events": 1000, "producer.batch_events": 10_000})
