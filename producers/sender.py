@@ -178,8 +178,8 @@ class SenderLoop:
                     self._rank_meta.update(data)
                     wire = RankMeta(fields=dict(self._rank_meta)).to_wire()
                 self._submit(kind, wire, 0)
-            except Exception:
-                continue  # malformed user data: the consumer would reject it anyway
+            except Exception as exc:  # malformed user data: named in the last error, which `status` shows
+                self._delivery.note_error(f"a {kind.name} message dropped: {type(exc).__name__}: {exc}"[:300])
 
     def _send_heartbeat(self, final: bool) -> None:
         stats = self.stats()

@@ -82,6 +82,14 @@ def test_emit_survives_any_arguments(make_config, bus):
     assert stats.events_sent + stats.events_dropped == 2
 
 
+def test_a_control_message_that_cannot_be_encoded_is_named_in_the_last_error(make_config, bus):
+    # It used to vanish without a word: `status` had nothing to show.
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus))
+    producer.emit_fr_entries([object()])
+    stats = producer.close()
+    assert stats.last_error.startswith("a FR_BATCH message dropped: TypeError")
+
+
 def test_one_bad_event_is_dropped_alone_counted_and_named(make_config, bus):
     """An event whose values do not fit its columns used to take its whole batch with it (or was
     stored with NULLs and numbers parsed from text): now only it is dropped, and the reason is kept."""
