@@ -30,9 +30,10 @@ import numpy as np
 from rankstream.consumers.query_server import register_procedure
 from rankstream.flows.gpu_streams import GPU_STREAM_STATEMENTS, GPU_STREAM_TABLES
 from rankstream.flows.intervals import merged_intervals
-from rankstream.flows.run_tables import replace_run_rows
+from rankstream.consumers.query import connect
+from rankstream.flows.run_tables import ensure_schema, replace_run_rows
 
-__all__ = ["analyze_gpu_breakdown", "gpu_unions", "GPU_TABLES"]
+__all__ = ["analyze_gpu_breakdown", "gpu_unions", "steps_note", "GPU_TABLES"]
 
 GPU_TABLES = ["gpu_temporal_breakdown", "comm_comp_overlap", "gpu_kernel_breakdown", "gpu_kernel_type_share",
               *GPU_STREAM_TABLES]
@@ -139,8 +140,23 @@ FROM per_kernel
 """
 
 
+def steps_note(db_path: Path, run_id: str) -> str | None:
+    """Which ranks the last-step rule leaves whole, or None: ranks without a ProfilerStep of their own
+    in a run whose other ranks have them (``run_ranks_without_steps``). HTA fails on such a run; here
+    all their events count, which changes their figures, so the analysis must say so."""
+    ensure_schema(db_path)
+    ranks = [rank for (rank,) in connect(db_path).fetchall("SELECT rank FROM run_ranks_without_steps($1)", [run_id])]
+    if not ranks:
+        return None
+    who = "rank " + str(ranks[0]) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    return (f"{who}: no ProfilerStep markers while other ranks have them, so no last step is dropped "
+            "there: every event counts")
+
+
 def analyze_gpu_breakdown(db_path: Path, run_id: str, *, keep_last_step: bool = False) -> None:
-    """(Re)build the GPU tables for a run (no rows when it has no GPU events)."""
+    """(Re)build the GPU tables for a run (no rows when it has no GPU events); ``steps_note`` goes
+    into the analysis's detail in ``analyses_done``."""
     replace_run_rows(db_path, run_id, "gpu_breakdown", tables=GPU_TABLES, keep_last=keep_last_step,
+                     detail=steps_note(db_path, run_id),
                      statements=[HTA_EVENTS_SQL, "procedure:gpu_unions", GPU_TEMPORAL_SQL, GPU_OVERLAP_SQL,
                                  GPU_TYPE_SHARE_SQL, GPU_KERNELS_SQL, *GPU_STREAM_STATEMENTS])

@@ -177,14 +177,28 @@ CREATE OR REPLACE MACRO kernel_type(name) AS CASE
 CREATE OR REPLACE MACRO ns_floor_us(ns) AS ns - ((ns % 1000) + 1000) % 1000;
 CREATE OR REPLACE MACRO ns_ceil_us(ns) AS -ns_floor_us(-ns);
 
+-- args.stream and args.correlation as HTA reads them: numbers only (ROCm's runtime calls carry
+-- "stream": "0x0"); no stream is -1, no correlation is NULL (HTA's -1).
+CREATE OR REPLACE MACRO hta_stream(args) AS coalesce(
+    CASE WHEN json_type(args, '$.stream') IN ('UBIGINT', 'BIGINT') THEN (args->>'$.stream')::BIGINT END, -1);
+CREATE OR REPLACE MACRO hta_correlation(args) AS
+    CASE WHEN json_type(args, '$.correlation') IN ('UBIGINT', 'BIGINT') THEN (args->>'$.correlation')::BIGINT END;
+
+-- Whether HTA's loader files an event as a GPU kernel when it drops the last step
+-- (trace_filter._filter_gpu_kernels_with_cuda_sync): a stream and a correlation id, or a device-wide
+-- sync. Everything else is a CPU event to that rule, a Triton cpu_op with a stream included.
+CREATE OR REPLACE MACRO hta_loads_as_gpu(name, stream, correlation) AS
+    (stream >= 0 AND coalesce(correlation, -1) >= 0) OR name IN ('Event Sync', 'Context Sync');
+
 -- A run's complete events as Holistic Trace Analysis loads them (docs/design.md, GPU analyses), on
--- each rank's own clock: GPU events are those with a stream (args.stream, a number other than -1),
--- every other event is a CPU event. Unless keep_last, the last profiler step is dropped as HTA
--- drops it at load: when the run has two or more ProfilerStep names, a CPU event is kept only if it
--- started before the start of its rank's last ProfilerStep, and a GPU event only if a kept CPU
--- event has its correlation id. Times of an imported file with sub-microsecond times are put on
--- the file's microsecond grid as HTA does (start rounded up, end down), using the file's time base
--- (trace_base_ns in rank_metadata).
+-- each rank's own clock. is_gpu is what HTA's analyses take as GPU work: an event with a stream.
+-- Unless keep_last, the last profiler step is dropped as HTA's loader drops it, with its own split
+-- of events (hta_loads_as_gpu): when the run has two or more ProfilerStep names, a rank's CPU
+-- events are kept only if they started before the start of its last ProfilerStep (with keep_last:
+-- by that step's end), and its GPU events only if a kept CPU event has their correlation id. A rank
+-- with no ProfilerStep of its own is not cut (run_ranks_without_steps). Times of an imported file
+-- with sub-microsecond times are put on the file's microsecond grid as HTA does (start rounded up,
+-- end down), using the file's time base (trace_base_ns in rank_metadata).
 CREATE OR REPLACE MACRO run_hta_events(run, keep_last) AS TABLE
 WITH bases AS (
     SELECT rank, arg_max(TRY_CAST(metadata->>'$.trace_base_ns' AS BIGINT), sent_ns) AS base_ns
@@ -196,37 +210,51 @@ WITH bases AS (
     SELECT t.rank, t.name, t.cat, t.ts_ns, t.dur_ns, t.args, g.base_ns
     FROM trace_events t LEFT JOIN gridded g USING (rank)
     WHERE t.run_id = run AND t.ph = 'X' AND t.dur_ns IS NOT NULL
-), events AS (
+), timed AS (
     SELECT rank, name, cat,
            CASE WHEN base_ns IS NULL THEN ts_ns ELSE base_ns + ns_ceil_us(ts_ns - base_ns) END AS ts_ns,
            CASE WHEN base_ns IS NULL THEN dur_ns
                 ELSE ns_floor_us(ts_ns + dur_ns - base_ns) - ns_ceil_us(ts_ns - base_ns) END AS dur_ns,
-           -- numbers only: ROCm's runtime calls carry "stream": "0x0"
-           coalesce(CASE WHEN json_type(args, '$.stream') IN ('UBIGINT', 'BIGINT')
-                         THEN (args->>'$.stream')::BIGINT END, -1) AS stream,
-           CASE WHEN json_type(args, '$.correlation') IN ('UBIGINT', 'BIGINT')
-                THEN (args->>'$.correlation')::BIGINT END AS correlation,
-           args
+           hta_stream(args) AS stream, hta_correlation(args) AS correlation, args
     FROM raw
+), events AS (
+    SELECT *, hta_loads_as_gpu(name, stream, correlation) AS loads_as_gpu FROM timed
 ), filtering AS (
     SELECT count(DISTINCT name) >= 2 AS applies FROM events WHERE name LIKE '%ProfilerStep%'
-), cuts AS (
-    SELECT rank, max(ts_ns) AS last_step_ns FROM events
-    WHERE name LIKE '%ProfilerStep%' AND stream = -1 GROUP BY rank
+), cuts AS (  -- only ranks with a ProfilerStep of their own, only when the rule applies
+    SELECT rank, max(ts_ns) AS last_step_ns, max(ts_ns + dur_ns) AS last_step_end_ns FROM events
+    WHERE name LIKE '%ProfilerStep%' AND NOT loads_as_gpu AND (SELECT applies FROM filtering) GROUP BY rank
+), judged AS (
+    SELECT e.*, c.rank IS NOT NULL AS cut,
+           CASE WHEN keep_last THEN e.ts_ns <= c.last_step_end_ns ELSE e.ts_ns < c.last_step_ns END AS before_cut
+    FROM events e LEFT JOIN cuts c USING (rank)
 ), kept_cpu AS (
-    SELECT e.* FROM events e LEFT JOIN cuts c USING (rank)
-    WHERE e.stream = -1 AND (keep_last OR NOT (SELECT applies FROM filtering) OR e.ts_ns < c.last_step_ns)
+    SELECT * FROM judged WHERE NOT loads_as_gpu AND (NOT cut OR before_cut)
 ), launched AS (
     SELECT DISTINCT rank, correlation FROM kept_cpu WHERE correlation IS NOT NULL
+), kept AS (
+    SELECT * FROM kept_cpu
+    UNION ALL
+    SELECT * FROM judged WHERE loads_as_gpu AND (NOT cut OR (rank, correlation) IN (SELECT * FROM launched))
 )
-SELECT rank, name, cat, false AS is_gpu, NULL::VARCHAR AS kernel_type, stream, correlation, ts_ns AS start_ns,
-       ts_ns + dur_ns AS end_ns, NULL::DOUBLE AS bandwidth_gb_s
-FROM kept_cpu
-UNION ALL
-SELECT g.rank, g.name, g.cat, true, g.kind, g.stream, g.correlation, g.ts_ns, g.ts_ns + g.dur_ns,
-       CASE WHEN g.kind = 'MEMORY' THEN TRY_CAST(g.args->>'$."memory bandwidth (GB/s)"' AS DOUBLE) END
-FROM (SELECT *, kernel_type(name) AS kind FROM events WHERE stream <> -1) g
-WHERE keep_last OR NOT (SELECT applies FROM filtering) OR (g.rank, g.correlation) IN (SELECT * FROM launched);
+SELECT rank, name, cat, stream <> -1 AS is_gpu, kind AS kernel_type, stream, correlation, ts_ns AS start_ns,
+       ts_ns + dur_ns AS end_ns,
+       CASE WHEN kind = 'MEMORY' THEN TRY_CAST(args->>'$."memory bandwidth (GB/s)"' AS DOUBLE) END AS bandwidth_gb_s
+FROM (SELECT *, CASE WHEN stream <> -1 THEN kernel_type(name) END AS kind FROM kept);
+
+-- The ranks run_hta_events does not cut: the run has two or more ProfilerStep names, so the
+-- last-step rule applies, but the rank has no ProfilerStep of its own to cut at. HTA fails on such
+-- a run; here all their events count, as in a single file without steps, and the analyses say so.
+CREATE OR REPLACE MACRO run_ranks_without_steps(run) AS TABLE
+WITH steps AS (
+    SELECT rank, name, hta_loads_as_gpu(name, hta_stream(args), hta_correlation(args)) AS loads_as_gpu
+    FROM trace_events
+    WHERE run_id = run AND ph = 'X' AND dur_ns IS NOT NULL AND name LIKE '%ProfilerStep%'
+)
+SELECT DISTINCT rank FROM trace_events
+WHERE run_id = run AND ph = 'X' AND (SELECT count(DISTINCT name) FROM steps) >= 2
+  AND rank NOT IN (SELECT rank FROM steps WHERE NOT loads_as_gpu)
+ORDER BY rank;
 
 -- The GPU events of run_hta_events: what the GPU breakdown analyses.
 CREATE OR REPLACE MACRO run_gpu_events(run, keep_last) AS TABLE

@@ -4,6 +4,10 @@ Most entries are one call each. A coalesced group (several entries sharing one s
 closed by a ``coalesced`` entry) is one call whose op, shapes and dtypes are its members' in order,
 so a rank that coalesced other ops disagrees with its peers like any other call. Point-to-point
 entries are not calls (``p2p`` pairs them instead).
+
+A rank's ring buffer keeps its newest entries: once it has wrapped (its oldest record is not 0),
+the coalesced call holding its oldest entry may have lost its first members. Such a call is taken
+to be what its peers issued there; judged as it stands, a healthy rank would look desynced.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def collective_calls(entries: Entries) -> Calls:
     seq, rank, record): the calls are then views of their first rows, not a copy of every column
     (at 8192 ranks x 2000 entries a copy is a gigabyte). No step of the diagnosis depends on the
     order of the entries."""
+    oldest = _oldest_records(entries)
     not_call = entries.is_p2p | (entries.seq <= 0)
     entries.reorder(np.lexsort((entries.record, entries.rank, entries.seq, entries.group, not_call)))
     part = entries.head(len(not_call) - int(np.count_nonzero(not_call)))
@@ -71,10 +76,39 @@ def collective_calls(entries: Entries) -> Calls:
     if len(starts) == len(part):  # one entry per call (nothing coalesced): the gathered columns as they are
         return Calls(group=group, seq=seq, rank=rank, op=op, shape=shape, dtype=dtype, value=value,
                      state=part.state, created=part.created, record=part.record, parts=parts)
-    return Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
-                 value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
-                 created=part.created[starts],
-                 record=part.record[starts], parts=parts)
+    calls = Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
+                  value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
+                  created=part.created[starts],
+                  record=part.record[starts], parts=parts)
+    _assume_cut_calls_agree(calls, oldest, coalesced=np.flatnonzero(np.isin(
+        op_of, [code for code, name in enumerate(part.vocabulary.ops) if name.startswith("coalesced(")])))
+    return calls
+
+
+def _oldest_records(entries: Entries) -> np.ndarray:
+    """Per rank (index), the oldest record id still in its ring; -1 for a rank with no entries."""
+    if not len(entries):
+        return np.zeros(0, dtype=np.int64)
+    oldest = np.full(int(entries.rank.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(oldest, entries.rank, entries.record.astype(np.int64))
+    oldest[oldest == np.iinfo(np.int64).max] = -1
+    return oldest
+
+
+def _assume_cut_calls_agree(calls: Calls, oldest: np.ndarray, coalesced: np.ndarray) -> None:
+    """Give each coalesced call that holds its rank's oldest entry, on a rank whose ring wrapped,
+    the value most of the other ranks have at that (group, seq)."""
+    cut = np.flatnonzero((calls.record == oldest[calls.rank]) & (oldest[calls.rank] > 0)
+                         & np.isin(calls.value, coalesced))
+    for row in cut.tolist():  # calls are sorted by (group, seq): the same call of the peers is a slice
+        group, seq = calls.group[row], calls.seq[row]
+        lo, hi = np.searchsorted(calls.group, group, "left"), np.searchsorted(calls.group, group, "right")
+        same = np.arange(lo + np.searchsorted(calls.seq[lo:hi], seq, "left"),
+                         lo + np.searchsorted(calls.seq[lo:hi], seq, "right"))
+        others = calls.value[same[same != row]]
+        if len(others):
+            values, counts = np.unique(others, return_counts=True)
+            calls.value[row] = values[np.argmax(counts)]
 
 
 def _coalesce(part: Entries, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ hang watch. In order:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,7 +59,8 @@ def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int
     graph = wait_graph(run)
     disagreements = _judged_disagreements(run, {(p.group, p.seq) for p in graph.waiting})
     findings = _mismatch_findings(run, disagreements, graph) + hang_findings(run, graph, disagreements)
-    findings += _state_findings(run, disagreements)
+    said = {(f.group, f.seq, tuple(f.culprit_ranks)) for f in findings}  # a stuck rank is found twice
+    findings += [f for f in _state_findings(run, disagreements) if (f.group, f.seq, tuple(f.culprit_ranks)) not in said]
     if not findings:
         members = {code: len(group.members) for code, group in run.groups.items()}
         findings = [_straggler_finding(s, run) for s in find_stragglers(run.calls, members,
@@ -122,12 +124,17 @@ def _state_findings(run: Run, disagreements: list[Disagreement]) -> list[Finding
             if moved_on and any(s >= 2 for s in states.values()):
                 findings.append(Finding(
                     kind="state_mismatch", culprit_ranks=moved_on, group=seqs.group.name, group_desc=seqs.group.desc,
-                    seq=seq, expected="completed", actual={str(r): ("scheduled", "started", "completed")[s]
-                                                           for r, s in states.items()},
+                    seq=seq, expected=run.describe(_most_common(seqs.values_at(seq))),
+                    actual={str(r): ("scheduled", "started", "completed")[s] for r, s in states.items()},
                     evidence=[f"rank(s) {moved_on} went on to later collectives of {seqs.group.label} without "
                               f"completing #{seq}, which their peers completed"]))
                 break
     return findings
+
+
+def _most_common(values: dict[int, int]) -> int | None:
+    counts = Counter(values.values())
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def _straggler_finding(straggler, run: Run) -> Finding:

@@ -71,8 +71,8 @@ class Finding:
         who = (f"rank {self.culprit_ranks[0]}" if len(self.culprit_ranks) == 1 else
                f"ranks {', '.join(map(str, self.culprit_ranks))}" if self.culprit_ranks else
                self.culprit_reason or "no culprit")
-        tail = f"; {len(self.waiting_ranks)} rank{'s' if len(self.waiting_ranks) != 1 else ''} wait for it" \
-            if self.waiting_ranks else ""
+        waiting = len(self.waiting_ranks)
+        tail = f"; {waiting} " + ("rank waits" if waiting == 1 else "ranks wait") + " for it" if waiting else ""
         return " ".join(part for part in (who, what, where) if part) + tail
 
     def as_json(self) -> dict:

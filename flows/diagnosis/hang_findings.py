@@ -14,7 +14,7 @@ from rankstream.flows.diagnosis.evidence import siblings_of
 from rankstream.flows.diagnosis.findings import Finding
 from rankstream.flows.diagnosis.matching import Disagreement
 from rankstream.flows.diagnosis.origin import shift_origin
-from rankstream.flows.diagnosis.p2p import unmatched_p2p
+from rankstream.flows.diagnosis.p2p import Mismatch, mismatched_p2p, unmatched_p2p
 from rankstream.flows.diagnosis.program_order import completed_later, first_in_program
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
@@ -63,6 +63,9 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
                 finding.inferred = True  # ranked after the findings with direct evidence
             findings.append(finding)
             settled.add(sink)
+    for mismatch in mismatched_p2p(run.entries):
+        findings.append(_p2p_mismatch(run, mismatch))
+        settled |= {mismatch.send.rank, mismatch.recv.rank}
     reaching = graph.upstream(settled) | settled
     for cycle in graph.cycles():
         if set(cycle) & reaching:
@@ -229,3 +232,29 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding
                    evidence=evidence)
 
 
+def _p2p_mismatch(run: Run, mismatch: Mismatch) -> Finding:
+    """A send and its receive that disagree on sizes or dtypes: both wait for good."""
+    send, recv = mismatch.send, mismatch.recv
+    vocab = run.entries.vocabulary
+
+    def described(op) -> dict:
+        return {"op": op.op, "shape": vocab.text("shapes", op.shape), "dtype": vocab.text("dtypes", op.dtype)}
+
+    culprit = mismatch.culprit
+    mine, other = (recv, send) if culprit == recv.rank else (send, recv)
+    group = run.group(send.group)
+    return Finding(
+        kind=f"{mismatch.what}_mismatch", culprit_ranks=[culprit] if culprit is not None else [send.rank, recv.rank],
+        group=group.name, group_desc=group.desc, seq=mine.p2p_seq,
+        expected={**described(other), "op": mine.op}, actual=described(mine),  # its op as its peer's data wants it
+        waiting_ranks=[other.rank] if culprit is not None else [], in_flight=True,
+        culprit_reason=None if culprit is not None else "both sides differ from their last completed transfer",
+        evidence=[f"rank {send.rank}'s send (p2p #{send.p2p_seq} of {group.label}) and rank {recv.rank}'s recv "
+                  f"(p2p #{recv.p2p_seq}), paired in the order each posted them, differ in {mismatch.what}: "
+                  f"{described(send)[_FIELD[mismatch.what]]} against {described(recv)[_FIELD[mismatch.what]]}; "
+                  "neither completes"]
+        + ([f"rank {other.rank}'s side is what the last completed transfer between them used"]
+           if culprit is not None else []))
+
+
+_FIELD = {"size": "shape", "dtype": "dtype"}

@@ -8,6 +8,7 @@ import numpy as np
 from rankstream.flows.diagnosis.calls import Calls, collective_calls
 from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.groups import Group, find_groups
+from rankstream.flows.diagnosis.p2p import mark_batch_closes
 from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
 
 __all__ = ["Run", "place_of"]
@@ -20,6 +21,7 @@ class Run:
         self.entries = entries
         self.groups, self.world = find_groups(entries, listed, dumped)
         self.dumped = set(dumped)
+        mark_batch_closes(entries)
         self.calls: Calls = collective_calls(entries)
         self.sequences: dict[int, GroupSequences] = split_by_group(self.calls, self.groups)
         self.stateless = stateless_ranks(entries)

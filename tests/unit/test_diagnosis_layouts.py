@@ -1,0 +1,152 @@
+"""Layouts an adversarial probe found the diagnosis misread: pipelines that batch their sends and
+receives, coalesced calls cut by a wrapped ring buffer, and a stuck rank that enqueued more.
+
+Each rank's program is a list of entries written in record order, the way torch's Flight
+Recorder writes them for NCCL; ``ring`` keeps only a rank's newest entries, as a wrapped ring does.
+"""
+
+from __future__ import annotations
+
+from rankstream.flows.diagnosis.engine import diagnose
+from rankstream.flows.diagnosis.entries import Vocabulary, concatenate, from_dump_entries
+
+GROUP = ("0", "default_pg")
+
+
+class Program:
+    """One rank's entries, numbered as torch numbers them (collective and p2p sequence numbers)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict] = []
+        self.seq = self.p2p_seq = 0
+
+    def _add(self, name: str, state: str, size: int = 8) -> None:
+        self.entries.append({
+            "record_id": len(self.entries), "process_group": GROUP, "collective_seq_id": self.seq,
+            "p2p_seq_id": self.p2p_seq, "profiling_name": f"nccl:{name}", "input_sizes": [[size]],
+            "output_sizes": [[size]], "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": state,
+            "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
+
+    def collective(self, op: str = "all_reduce", state: str = "completed") -> None:
+        self.seq += 1
+        self._add(op, state)
+
+    def coalesced(self, members: int, state: str = "completed") -> None:
+        """Several all_reduces issued as one call: they share a collective number, then a close."""
+        self.seq += 1
+        for _ in range(members):
+            self._add("all_reduce", state)
+        self._add("coalesced", state, size=0)
+
+    def send_recv(self, ops: list[str], states: list[str] | None = None, size: int = 8) -> None:
+        """Sends and receives posted one at a time: each has its own p2p number."""
+        for op, state in zip(ops, states or ["completed"] * len(ops)):
+            self.p2p_seq += 1
+            self._add(op, state, size)
+
+    def batch_p2p(self, ops: list[str], state: str = "completed") -> None:
+        """``batch_isend_irecv``: the sends and receives share a p2p number, then a close that
+        carries it and the group's current collective number."""
+        self.p2p_seq += 1
+        for op in ops:
+            self._add(op, state)
+        self._add("coalesced", state, size=0)
+
+
+def diagnosis(programs: dict[int, Program], ring: dict[int, int] | None = None):
+    vocabulary, parts = Vocabulary(), []
+    members = {GROUP[0]: sorted(programs)}
+    for rank, program in programs.items():
+        kept = program.entries[-(ring or {}).get(rank, len(program.entries)):]
+        parts.append(from_dump_entries(kept, rank, members, vocabulary=vocabulary))
+    return diagnose(concatenate(parts, vocabulary), listed=members, dumped=sorted(programs))
+
+
+def pipeline(steps: int, *, bystander: bool = False, last_step_recv: bool = True) -> dict[int, Program]:
+    """Two pipeline stages that all_reduce, then pass activations with ``batch_isend_irecv``; with
+    ``bystander``, a third rank of the group that only takes part in the collectives."""
+    ranks = [0, 1, 2] if bystander else [0, 1]
+    programs = {rank: Program() for rank in ranks}
+    for step in range(steps):
+        last = step == steps - 1
+        for rank in ranks:
+            programs[rank].collective()
+        programs[0].batch_p2p(["send 0->1"], state="started" if last and not last_step_recv else "completed")
+        if last_step_recv or not last:
+            programs[1].batch_p2p(["recv 1<-0"])
+    return programs
+
+
+def test_a_healthy_pipeline_that_batches_its_sends_is_healthy():
+    assert diagnosis(pipeline(10)).findings == []
+    # the close of a batch used to join the all_reduce of its collective number as a member:
+    # a rank that only all_reduces then looked desynced
+    assert diagnosis(pipeline(10, bystander=True)).findings == []
+
+
+def test_a_receive_batch_never_posted_is_the_root_cause():
+    root = diagnosis(pipeline(10, last_step_recv=False)).root
+    assert (root.kind, root.culprit_ranks) == ("p2p_unmatched", [1])
+
+
+def coalesced_job(steps: int) -> dict[int, Program]:
+    programs = {rank: Program() for rank in range(4)}
+    for _ in range(steps):
+        for program in programs.values():
+            program.coalesced(3)
+            program.collective()
+    return programs
+
+
+def test_a_coalesced_call_cut_by_a_wrapped_ring_is_not_a_desync():
+    programs = coalesced_job(10)
+    # rank 1's ring kept the last 13 entries: its oldest call has lost two of its three members
+    assert diagnosis(programs, ring={1: 13, 2: 15, 3: 20}).findings == []
+
+
+def test_a_coalesced_call_that_really_differs_is_still_found():
+    programs = coalesced_job(10)
+    programs[2].entries[-5:-1] = programs[2].entries[-4:-1]  # the last block lost a member on rank 2
+    for record, entry in enumerate(programs[2].entries):
+        entry["record_id"] = record
+    root = diagnosis(programs, ring={1: 13}).root
+    assert (root.kind, root.culprit_ranks) == ("type_mismatch", [2])
+
+
+def test_a_stuck_rank_that_enqueued_more_calls_is_one_finding_naming_the_call():
+    programs = {rank: Program() for rank in range(4)}
+    for step in range(5):
+        for rank, program in programs.items():
+            program.collective(state="started" if (rank == 2 and step == 3) else
+                               "scheduled" if (rank == 2 and step == 4) else
+                               "started" if step == 4 else "completed")
+    result = diagnosis(programs)
+    assert [f.culprit_ranks for f in result.findings] == [[2]]
+    assert "all_reduce #4" in result.root.headline() and "completed #" not in result.root.headline()
+
+
+def exchanges(rounds: int) -> dict[int, Program]:
+    """Two ranks that trade activations: rank 0 sends then receives, rank 1 the reverse."""
+    programs = {0: Program(), 1: Program()}
+    for _ in range(rounds):
+        programs[0].send_recv(["send 0->1", "recv 0<-1"])
+        programs[1].send_recv(["recv 1<-0", "send 1->0"])
+    return programs
+
+
+def test_both_ranks_receiving_first_is_a_deadlock():
+    # each receive pairs with a send the peer posted, so pairing by count saw nothing wrong
+    programs = exchanges(5)
+    programs[0].send_recv(["recv 0<-1", "send 0->1"], states=["started", "scheduled"])
+    programs[1].send_recv(["recv 1<-0", "send 1->0"], states=["started", "scheduled"])
+    root = diagnosis(programs).root
+    assert (root.kind, sorted(root.culprit_ranks)) == ("deadlock", [0, 1])
+
+
+def test_a_receive_of_other_sizes_than_its_send_is_named_from_the_history():
+    programs = exchanges(5)
+    programs[0].send_recv(["send 0->1"], states=["started"])
+    programs[1].send_recv(["recv 1<-0"], states=["started"], size=16)
+    root = diagnosis(programs).root
+    assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("size_mismatch", [1], [0])
+    assert root.headline().startswith("rank 1 used other tensor sizes in recv #")
