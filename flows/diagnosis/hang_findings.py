@@ -14,7 +14,7 @@ from rankstream.flows.diagnosis.evidence import siblings_of
 from rankstream.flows.diagnosis.findings import Finding
 from rankstream.flows.diagnosis.matching import Disagreement
 from rankstream.flows.diagnosis.origin import shift_origin
-from rankstream.flows.diagnosis.p2p import Mismatch, mismatched_p2p, unmatched_p2p
+from rankstream.flows.diagnosis.p2p import Mismatch
 from rankstream.flows.diagnosis.program_order import completed_later, first_in_program
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
@@ -27,7 +27,7 @@ __all__ = ["wait_graph", "hang_findings"]
 def wait_graph(run: Run) -> WaitGraph:
     graph = build_wait_graph(waiting_positions(run.calls, run.stateless), run.sequences, run.dumped,
                              stateless=run.stateless)
-    for gap in unmatched_p2p(run.entries):
+    for gap in run.p2p.unmatched:
         position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
         graph.waiting.append(position)
         graph.add(Edge(position, gap.peer, "absent"))
@@ -63,9 +63,9 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
                 finding.inferred = True  # ranked after the findings with direct evidence
             findings.append(finding)
             settled.add(sink)
-    for mismatch in mismatched_p2p(run.entries):
+    for mismatch in run.p2p.mismatched:
         findings.append(_p2p_mismatch(run, mismatch))
-        settled |= {mismatch.send.rank, mismatch.recv.rank}
+        settled |= {mismatch.send.waiter, mismatch.recv.waiter}
     reaching = graph.upstream(settled) | settled
     for cycle in graph.cycles():
         if set(cycle) & reaching:
@@ -198,7 +198,7 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding
     group = run.group(where.group)
     waiting = sorted(graph.upstream({rank}))
     if where.seq < 0:
-        gap = next(g for g in unmatched_p2p(run.entries) if g.waiter == where.rank and g.peer == rank)
+        gap = next(g for g in run.p2p.unmatched if g.waiter == where.rank and g.peer == rank)
         kind = "p2p_unmatched" if rank in run.dumped else "missing_dump"
         return Finding(kind=kind, culprit_ranks=[rank], group=group.name, group_desc=group.desc, seq=-where.seq,
                        expected={"op": "recv" if gap.op == "send" else "send", "peer": gap.waiter},
@@ -241,19 +241,20 @@ def _p2p_mismatch(run: Run, mismatch: Mismatch) -> Finding:
         return {"op": op.op, "shape": vocab.text("shapes", op.shape), "dtype": vocab.text("dtypes", op.dtype)}
 
     culprit = mismatch.culprit
-    mine, other = (recv, send) if culprit == recv.rank else (send, recv)
+    mine, other = (recv, send) if culprit == recv.waiter else (send, recv)
+    culprits = [culprit] if culprit is not None else [send.waiter, recv.waiter]
     group = run.group(send.group)
     return Finding(
-        kind=f"{mismatch.what}_mismatch", culprit_ranks=[culprit] if culprit is not None else [send.rank, recv.rank],
+        kind=f"{mismatch.what}_mismatch", culprit_ranks=culprits,
         group=group.name, group_desc=group.desc, seq=mine.p2p_seq,
         expected={**described(other), "op": mine.op}, actual=described(mine),  # its op as its peer's data wants it
-        waiting_ranks=[other.rank] if culprit is not None else [], in_flight=True,
+        waiting_ranks=[other.waiter] if culprit is not None else [], in_flight=True,
         culprit_reason=None if culprit is not None else "both sides differ from their last completed transfer",
-        evidence=[f"rank {send.rank}'s send (p2p #{send.p2p_seq} of {group.label}) and rank {recv.rank}'s recv "
+        evidence=[f"rank {send.waiter}'s send (p2p #{send.p2p_seq} of {group.label}) and rank {recv.waiter}'s recv "
                   f"(p2p #{recv.p2p_seq}), paired in the order each posted them, differ in {mismatch.what}: "
                   f"{described(send)[_FIELD[mismatch.what]]} against {described(recv)[_FIELD[mismatch.what]]}; "
                   "neither completes"]
-        + ([f"rank {other.rank}'s side is what the last completed transfer between them used"]
+        + ([f"rank {other.waiter}'s side is what the last completed transfer between them used"]
            if culprit is not None else []))
 
 

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import takewhile
+from typing import Iterator
 
 import numpy as np
 
 from rankstream.flows.diagnosis.entries import Entries
 
-__all__ = ["Unmatched", "Mismatch", "unmatched_p2p", "mismatched_p2p", "mark_batch_closes"]
+__all__ = ["Transfer", "Mismatch", "Pairing", "pair_p2p", "unmatched_p2p", "mark_batch_closes"]
 
 COMPLETED = 2
 
 
 @dataclass(frozen=True)
-class Unmatched:
-    """Rank ``waiter``'s unfinished ``op`` (send or recv) with ``peer``, which posted no counterpart."""
+class Transfer:
+    """One unfinished send or receive of rank ``waiter`` with ``peer`` (global ranks)."""
 
     waiter: int
     peer: int
@@ -42,6 +44,31 @@ class Unmatched:
     op: str
     record: int
     created: int
+    shape: int
+    dtype: int
+    #: Posted with others in one ``batch_isend_irecv``: the batch starts as a whole.
+    batched: bool
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A send and the receive that pairs with it, both unfinished, of other sizes or dtypes: the
+    transfer never completes. ``culprit`` is the side that differs from the pair's last completed
+    transfer (None when the history cannot tell)."""
+
+    send: Transfer
+    recv: Transfer
+    culprit: int | None
+    what: str  # "size" or "dtype"
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What the diagnosis reads from a run's sends and receives, worked out once (``pair_p2p``)."""
+
+    #: Transfers that cannot complete: no counterpart posted, or crossed with it (``_crossed``).
+    unmatched: list[Transfer]
+    mismatched: list[Mismatch]
 
 
 def mark_batch_closes(entries: Entries) -> None:
@@ -63,82 +90,76 @@ def mark_batch_closes(entries: Entries) -> None:
             entries.is_p2p[row] = True
 
 
-def unmatched_p2p(entries: Entries) -> list[Unmatched]:
-    """Unfinished sends and receives that cannot complete: with no counterpart posted, or (see
-    ``_crossed``) ordered on both ranks so that neither counterpart can start."""
+def pair_p2p(entries: Entries) -> Pairing:
     streams = _unfinished_by_stream(entries)
     left = _left_over(streams)
-    return sorted(map(_waiting, left + _crossed(streams, _pairs_of(left))), key=lambda u: (u.group, u.p2p_seq, u.waiter))
+    ordered = list(_in_stream_order(streams, _pairs_of(left)))
+    unmatched = sorted(left + _crossed(ordered), key=lambda t: (t.group, t.p2p_seq, t.waiter))
+    return Pairing(unmatched, _mismatched(entries, ordered))
 
 
-def _left_over(streams: dict[tuple[int, int, int], list["_Op"]]) -> list["_Op"]:
+def unmatched_p2p(entries: Entries) -> list[Transfer]:
+    return pair_p2p(entries).unmatched
+
+
+def _left_over(streams: dict[tuple[int, int, int], list[Transfer]]) -> list[Transfer]:
     """The unfinished transfers that outnumber their counterparts, per direction between two ranks."""
-    pending: dict[tuple, list[_Op]] = {}
-    for (group, rank, peer), ops in streams.items():
-        for op in ops:
-            src, dst = (rank, peer) if op.op == "send" else (peer, rank)
-            pending.setdefault((group, src, dst, op.op), []).append(op)
+    pending: dict[tuple, list[Transfer]] = {}
+    for (group, rank, peer), transfers in streams.items():
+        for transfer in transfers:
+            src, dst = (rank, peer) if transfer.op == "send" else (peer, rank)
+            pending.setdefault((group, src, dst, transfer.op), []).append(transfer)
     left = []
     for (group, src, dst, kind), mine in pending.items():
         left += mine[len(pending.get((group, src, dst, "recv" if kind == "send" else "send"), [])):]
     return left
 
 
-def _pairs_of(ops: list["_Op"]) -> set[tuple[int, int, int]]:
+def _pairs_of(transfers: list[Transfer]) -> set[tuple[int, int, int]]:
     """(group, low rank, high rank) of each transfer's two ranks."""
-    return {(op.group, min(op.rank, op.peer), max(op.rank, op.peer)) for op in ops}
+    return {(t.group, min(t.waiter, t.peer), max(t.waiter, t.peer)) for t in transfers}
 
 
-@dataclass(frozen=True)
-class Mismatch:
-    """A send and the receive that pairs with it, both unfinished, of other sizes or dtypes: the
-    transfer never completes. ``culprit`` is the side that differs from the pair's last completed
-    transfer (None when the history cannot tell)."""
-
-    send: "_Op"
-    recv: "_Op"
-    culprit: int | None
-    what: str  # "size" or "dtype"
-
-
-def mismatched_p2p(entries: Entries) -> list[Mismatch]:
-    """Pairs of unfinished sends and receives, matched in stream order, that disagree."""
-    streams = _unfinished_by_stream(entries)
-    unpaired = _pairs_of(_left_over(streams))
-    found = []
+def _in_stream_order(streams: dict[tuple[int, int, int], list[Transfer]],
+                     unpaired: set[tuple[int, int, int]]) -> Iterator[list[tuple[Transfer, Transfer]]]:
+    """For two ranks whose transfers all have counterparts (``unpaired`` lists the others: a rank
+    that skipped one is a different fault), their unfinished transfers with each other paired in
+    the order each posted them, up to the first batch (which starts as a whole: no order there)."""
     for (group, rank, peer), mine in streams.items():
-        if rank > peer or (group, rank, peer) in unpaired:
-            continue
-        for op, other in zip(mine, streams.get((group, peer, rank), [])):
-            if op.op == other.op or op.batched or other.batched:
-                break  # crossed (``_crossed``), or a batch: no pairing by order from here
-            send, recv = (op, other) if op.op == "send" else (other, op)
+        if rank < peer and (group, rank, peer) not in unpaired:
+            yield list(takewhile(lambda pair: not (pair[0].batched or pair[1].batched),
+                                 zip(mine, streams.get((group, peer, rank), []))))
+
+
+def _crossed(ordered: list[list[tuple[Transfer, Transfer]]]) -> list[Transfer]:
+    """The first transfers of two ranks with each other that are the same kind (both receive, or
+    both send, first): each waits on its stream for a counterpart queued behind the other's."""
+    blocked = []
+    for pairs in ordered:
+        at = _first_crossing(pairs)
+        if at < len(pairs):
+            blocked += pairs[at]
+    return blocked
+
+
+def _first_crossing(pairs: list[tuple[Transfer, Transfer]]) -> int:
+    """Index of the first pair of the same kind, or len(pairs)."""
+    return next((i for i, (mine, theirs) in enumerate(pairs) if mine.op == theirs.op), len(pairs))
+
+
+def _mismatched(entries: Entries, ordered: list[list[tuple[Transfer, Transfer]]]) -> list[Mismatch]:
+    """Pairs before any crossing whose send and receive disagree on sizes or dtypes."""
+    found = []
+    for pairs in ordered:
+        for mine, theirs in pairs[:_first_crossing(pairs)]:
+            send, recv = (mine, theirs) if mine.op == "send" else (theirs, mine)
             what = "size" if send.shape != recv.shape else "dtype" if send.dtype != recv.dtype else None
             if what:
                 found.append(Mismatch(send, recv, _differs_from_history(entries, send, recv, what), what))
     return found
 
 
-@dataclass(frozen=True)
-class _Op:
-    rank: int
-    peer: int
-    group: int
-    p2p_seq: int
-    op: str
-    record: int
-    created: int
-    shape: int
-    dtype: int
-    #: Posted with others in one ``batch_isend_irecv``: the batch starts as a whole.
-    batched: bool
-
-
-def _waiting(op: _Op) -> Unmatched:
-    return Unmatched(op.rank, op.peer, op.group, op.p2p_seq, op.op, op.record, op.created)
-
-
-def _unfinished_by_stream(entries: Entries) -> dict[tuple[int, int, int], list[_Op]]:
+def _unfinished_by_stream(entries: Entries) -> dict[tuple[int, int, int], list[Transfer]]:
     """(group, rank, peer) -> the rank's unfinished sends to and receives from the peer, in the
     order it posted them: NCCL runs a rank's transfers with one peer on one stream, in that order."""
     ops = entries.vocabulary.ops
@@ -148,12 +169,12 @@ def _unfinished_by_stream(entries: Entries) -> dict[tuple[int, int, int], list[_
         return {}
     rows = rows[np.argsort(entries.record[rows], kind="stable")]
     batched = _shares_its_p2p_number(entries, rows)
-    streams: dict[tuple[int, int, int], list[_Op]] = {}
+    streams: dict[tuple[int, int, int], list[Transfer]] = {}
     for row, in_batch in zip(rows.tolist(), batched.tolist()):
-        rank, group, p2p_seq = int(entries.rank[row]), int(entries.group[row]), int(entries.p2p_seq[row])
-        op = _Op(rank, int(entries.peer[row]), group, p2p_seq, ops[entries.op[row]], int(entries.record[row]),
-                 int(entries.created[row]), int(entries.shape[row]), int(entries.dtype[row]), in_batch)
-        streams.setdefault((group, rank, op.peer), []).append(op)
+        transfer = Transfer(int(entries.rank[row]), int(entries.peer[row]), int(entries.group[row]),
+                            int(entries.p2p_seq[row]), ops[entries.op[row]], int(entries.record[row]),
+                            int(entries.created[row]), int(entries.shape[row]), int(entries.dtype[row]), in_batch)
+        streams.setdefault((transfer.group, transfer.waiter, transfer.peer), []).append(transfer)
     return streams
 
 
@@ -168,33 +189,14 @@ def _shares_its_p2p_number(entries: Entries, rows: np.ndarray) -> np.ndarray:
     return np.array([counts[key] > 1 for key in wanted], dtype=bool)
 
 
-def _crossed(streams: dict[tuple[int, int, int], list[_Op]], unpaired: set[tuple[int, int, int]]) -> list[_Op]:
-    """The first transfers of two ranks with each other that are the same kind (both receive, or
-    both send, first): each waits on its stream for a counterpart queued behind the other's. Only
-    between ranks whose transfers all have counterparts (``unpaired`` lists the others: a rank
-    that skipped one is a different fault), and never inside a batch, which starts as a whole."""
-    blocked = []
-    for (group, rank, peer), mine in streams.items():
-        theirs = streams.get((group, peer, rank), [])
-        if rank > peer or not theirs or (group, rank, peer) in unpaired:
-            continue
-        for op, other in zip(mine, theirs):
-            if op.batched or other.batched:
-                break
-            if op.op == other.op:
-                blocked += [op, other]
-                break
-    return blocked
-
-
-def _differs_from_history(entries: Entries, send: _Op, recv: _Op, what: str) -> int | None:
+def _differs_from_history(entries: Entries, send: Transfer, recv: Transfer, what: str) -> int | None:
     """The rank whose side differs from the last completed transfer from sender to receiver."""
     column = entries.shape if what == "size" else entries.dtype
     done = np.flatnonzero(entries.is_p2p & (entries.state >= COMPLETED) & (entries.group == send.group)
-                          & (entries.rank == send.rank) & (entries.peer == recv.rank)
+                          & (entries.rank == send.waiter) & (entries.peer == recv.waiter)
                           & (entries.op == entries.vocabulary.ops.index("send")))
     if not len(done):
         return None
     before = int(column[done[np.argmax(entries.record[done])]])
     mine, theirs = (send.shape, recv.shape) if what == "size" else (send.dtype, recv.dtype)
-    return recv.rank if mine == before != theirs else send.rank if theirs == before != mine else None
+    return recv.waiter if mine == before != theirs else send.waiter if theirs == before != mine else None

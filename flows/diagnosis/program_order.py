@@ -7,7 +7,6 @@ import functools
 
 import numpy as np
 
-from rankstream.flows.diagnosis.p2p import unmatched_p2p
 from rankstream.flows.diagnosis.run import Run
 from rankstream.flows.diagnosis.waits import Edge, Position
 
@@ -77,7 +76,7 @@ def completed_later(run: Run, rank: int, where: Position) -> str | None:
 
 def _created(run: Run, edge: Edge) -> list[int]:
     if edge.waiter.seq < 0:
-        return [g.created for g in unmatched_p2p(run.entries)
+        return [g.created for g in run.p2p.unmatched
                 if (g.waiter, g.group, -g.p2p_seq) == (edge.waiter.rank, edge.waiter.group, edge.waiter.seq)]
     rows = run.sequences[edge.waiter.group].rows_at(edge.waiter.seq)
     return [int(run.calls.created[r]) for r in rows.values()]

@@ -8,7 +8,7 @@ import numpy as np
 from rankstream.flows.diagnosis.calls import Calls, collective_calls
 from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.groups import Group, find_groups
-from rankstream.flows.diagnosis.p2p import mark_batch_closes
+from rankstream.flows.diagnosis.p2p import Pairing, mark_batch_closes, pair_p2p
 from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
 
 __all__ = ["Run", "place_of"]
@@ -25,6 +25,7 @@ class Run:
         self.calls: Calls = collective_calls(entries)
         self.sequences: dict[int, GroupSequences] = split_by_group(self.calls, self.groups)
         self.stateless = stateless_ranks(entries)
+        self.p2p: Pairing = pair_p2p(entries)
 
     def describe(self, value: int | None) -> dict | None:
         if value is None:
