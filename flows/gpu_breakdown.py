@@ -153,10 +153,12 @@ def steps_note(db_path: Path, run_id: str) -> str | None:
             "there: every event counts")
 
 
-def analyze_gpu_breakdown(db_path: Path, run_id: str, *, keep_last_step: bool = False) -> None:
-    """(Re)build the GPU tables for a run (no rows when it has no GPU events); ``steps_note`` goes
-    into the analysis's detail in ``analyses_done``."""
+def analyze_gpu_breakdown(db_path: Path, run_id: str, *, keep_last_step: bool = False) -> str | None:
+    """(Re)build the GPU tables for a run (no rows when it has no GPU events). Returns
+    ``steps_note``, which also goes into the analysis's detail in ``analyses_done``."""
+    note = steps_note(db_path, run_id)
     replace_run_rows(db_path, run_id, "gpu_breakdown", tables=GPU_TABLES, keep_last=keep_last_step,
-                     detail=steps_note(db_path, run_id),
+                     detail=note,
                      statements=[HTA_EVENTS_SQL, "procedure:gpu_unions", GPU_TEMPORAL_SQL, GPU_OVERLAP_SQL,
                                  GPU_TYPE_SHARE_SQL, GPU_KERNELS_SQL, *GPU_STREAM_STATEMENTS])
+    return note

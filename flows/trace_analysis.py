@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankstream.flows.breakdown import analyze_breakdown
-from rankstream.flows.gpu_breakdown import GPU_TABLES, analyze_gpu_breakdown, steps_note
+from rankstream.flows.gpu_breakdown import GPU_TABLES, analyze_gpu_breakdown
 from rankstream.flows.merge_traces import RUN_ID, scratch_run
 
 __all__ = ["TraceAnalysis", "analyze_trace_files"]
@@ -45,8 +45,8 @@ def analyze_trace_files(paths: list[Path], *, rank: int | None = None, keep_last
             result.note = "the file does not say its rank: taken as rank 0"
         result.categories = dict(database.fetchall(
             "SELECT coalesce(nullif(cat, ''), '(none)'), count(*) FROM trace_events GROUP BY ALL ORDER BY 2 DESC"))
-        analyze_gpu_breakdown(database, RUN_ID, keep_last_step=keep_last_step)
-        result.note = "; ".join(filter(None, [result.note, steps_note(database, RUN_ID)])) or None
+        steps = analyze_gpu_breakdown(database, RUN_ID, keep_last_step=keep_last_step)
+        result.note = "; ".join(filter(None, [result.note, steps])) or None
         tables = [table for table in GPU_TABLES if table not in _PER_EVENT]
         if not database.fetchall("SELECT count(*) FROM gpu_temporal_breakdown")[0][0]:
             result.note = "; ".join(filter(None, [result.note, "no GPU events (no event has a stream): CPU figures only"]))

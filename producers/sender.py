@@ -112,7 +112,7 @@ class SenderLoop:
             batch = TraceBatch.from_rows(rows)
         except Exception as exc:  # anything else the encoder meets costs this batch, never the thread
             self._delivery.count_dropped(len(rows))
-            self._delivery.note_error(f"a batch of {len(rows)} events dropped: {type(exc).__name__}: {exc}"[:300])
+            self._delivery.note_error(f"a batch of {len(rows)} events dropped: {type(exc).__name__}: {exc}")
             return
         try:
             self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), len(rows))
@@ -179,7 +179,7 @@ class SenderLoop:
                     wire = RankMeta(fields=dict(self._rank_meta)).to_wire()
                 self._submit(kind, wire, 0)
             except Exception as exc:  # malformed user data: named in the last error, which `status` shows
-                self._delivery.note_error(f"a {kind.name} message dropped: {type(exc).__name__}: {exc}"[:300])
+                self._delivery.note_error(f"a {kind.name} message dropped: {type(exc).__name__}: {exc}")
 
     def _send_heartbeat(self, final: bool) -> None:
         stats = self.stats()
