@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, folded_state,
-                                                p2p_peers, parse_op)
+from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, dtypes_used,
+                                                folded_state, p2p_peers, parse_op)
 
 __all__ = ["entry_table", "from_entry_tables"]
 
@@ -73,6 +73,15 @@ def _list_fingerprint(column: pa.Array) -> np.ndarray:
     return _fingerprint(hashes[codes] if len(codes) else codes, column.offsets.to_numpy())
 
 
+def _uneven_dtypes(field: dict, rows: np.ndarray) -> dict[int, str]:
+    """The ``dtypes_used`` key of each row of an uneven op (gather, scatter, all_to_all)."""
+    if not len(rows):
+        return {}
+    indices = pa.array(rows)
+    return dict(zip(rows.tolist(), map(dtypes_used, field["input_dtypes"].take(indices).to_pylist(),
+                                       field["output_dtypes"].take(indices).to_pylist())))
+
+
 def _codes_with_text(prints: np.ndarray, kind: str, vocabulary: Vocabulary, text_of) -> np.ndarray:
     """The vocabulary codes of fingerprints; each distinct one named by ``text_of(first row)``."""
     distinct, first, inverse = np.unique(prints, return_index=True, return_inverse=True)
@@ -118,7 +127,10 @@ def from_entry_tables(tables: list[pa.StructArray], ranks: list[int], members: d
     shape_prints[uneven] = 0
     shapes = _codes_with_text(shape_prints, "shapes", vocabulary, lambda row: UNEVEN if uneven[row] else repr(
         (field["input_sizes"][row].as_py(), field["output_sizes"][row].as_py())))
-    dtypes = _codes_with_text(dtype_prints, "dtypes", vocabulary, lambda row: repr(
+    used = _uneven_dtypes(field, np.flatnonzero(uneven))
+    for row, text in used.items():
+        dtype_prints[row] = np.uint64(hash(text) % 2**64)
+    dtypes = _codes_with_text(dtype_prints, "dtypes", vocabulary, lambda row: used.get(row) or repr(
         (field["input_dtypes"][row].as_py(), field["output_dtypes"][row].as_py())))
     states = pc.dictionary_encode(field["state"])
     state_map = np.array([_STATES.get(s, 0) for s in states.dictionary.to_pylist()] or [0], dtype=np.int8)

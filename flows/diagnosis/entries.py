@@ -15,7 +15,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state", "p2p_peers"]
+__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state", "p2p_peers",
+           "dtypes_used"]
 
 #: Entry states in progress order; a missing or unknown state counts as scheduled.
 STATES = ("scheduled", "started", "completed")
@@ -25,6 +26,13 @@ _STATE_CODE = {name: code for code, name in enumerate(STATES)}
 #: gathers or scatters): their shapes are not compared.
 UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather", "scatter"})
 UNEVEN = "(sizes differ by design)"
+
+
+def dtypes_used(input_dtypes: Sequence | None, output_dtypes: Sequence | None) -> str:
+    """The dtype key of an ``UNEVEN_OPS`` call: the distinct dtypes it used. Its per-side lists
+    differ by design (only a gather's root lists outputs, only a scatter's root inputs), so a rank
+    is at odds with its peers only when it used another dtype."""
+    return repr(sorted(set(input_dtypes or ()) | set(output_dtypes or ())))
 
 #: Columns kept as 32-bit integers when every value is within +-2**30 (sequence numbers and record
 #: ids are; times are not): the headroom keeps arithmetic on them from overflowing.
@@ -202,7 +210,8 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
         op=vocabulary.codes("ops", op_names),
         peer=peer,
         shape=vocabulary.codes("shapes", shape_keys),
-        dtype=vocabulary.codes("dtypes", list(map(repr, zip(in_dtypes, out_dtypes)))),
+        dtype=vocabulary.codes("dtypes", [dtypes_used(i, o) if name in uneven else repr((i, o))
+                                          for name, i, o in zip(names, in_dtypes, out_dtypes)]),
         state=folded_state(np.fromiter(map(_STATE_CODE.get, states, (0,) * n), dtype=np.int8, count=n),
                            _ints(started, "time_discovered_started_ns"),
                            _ints(completed, "time_discovered_completed_ns")),

@@ -20,6 +20,11 @@ __all__ = ["StoredRun", "load_stored", "live_horizon", "ENTRIES_SQL"]
 
 _UNEVEN_SQL = ", ".join(f"'{op}'" for op in sorted(UNEVEN_OPS))
 _OP_SQL = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
+_PAIR_KEY_SQL = "coalesce(dtypes_key, hash(input_dtypes, output_dtypes))"
+#: ``entries.dtypes_used`` in SQL: an uneven op's dtype key is the distinct dtypes it used.
+_USED_SQL = "list_sort(list_distinct(list_concat(coalesce(input_dtypes, []), coalesce(output_dtypes, []))))"
+#: Its key; the tag keeps it apart from a pair's key (DuckDB's ``hash(x, [])`` equals ``hash(x)``).
+_USED_KEY_SQL = f"hash({_USED_SQL}, 'dtypes used')"
 
 #: The entries judged: the run's last ``$tail`` records per rank (all when NULL), created no later
 #: than ``$horizon`` (see ``live_horizon``). An entry sent again with a new state has a row per
@@ -30,7 +35,7 @@ recent AS (
     SELECT f.rank, f.record_id, f.pg_name, f.pg_desc, f.collective_seq_id, f.p2p_seq_id, f.profiling_name,
            CASE WHEN {_OP_SQL} IN ({_UNEVEN_SQL}) THEN 0
                 ELSE coalesce(f.sizes_key, hash(f.input_sizes, f.output_sizes)) END AS shape,
-           coalesce(f.dtypes_key, hash(f.input_dtypes, f.output_dtypes)) AS dtype,
+           CASE WHEN {_OP_SQL} IN ({_UNEVEN_SQL}) THEN {_USED_KEY_SQL} ELSE {_PAIR_KEY_SQL} END AS dtype,
            f.state, f.time_created_ns, f.time_discovered_started_ns, f.time_discovered_completed_ns, f.snapshot_ns
     FROM fr_entries f JOIN tops USING (rank)
     WHERE f.run_id = $run AND ($tail IS NULL OR f.record_id > tops.top - $tail)
@@ -51,8 +56,9 @@ FROM recent
 TEXT_SQL = {
     "shapes": "SELECT [input_sizes, output_sizes]::VARCHAR FROM fr_entries WHERE run_id = $run "
               "AND coalesce(sizes_key, hash(input_sizes, output_sizes)) = $key LIMIT 1",
-    "dtypes": "SELECT [input_dtypes, output_dtypes]::VARCHAR FROM fr_entries WHERE run_id = $run "
-              "AND coalesce(dtypes_key, hash(input_dtypes, output_dtypes)) = $key LIMIT 1",
+    "dtypes": f"SELECT CASE WHEN {_PAIR_KEY_SQL} = $key THEN [input_dtypes, output_dtypes]::VARCHAR "
+              f"ELSE {_USED_SQL}::VARCHAR END FROM fr_entries WHERE run_id = $run "
+              f"AND ({_PAIR_KEY_SQL} = $key OR {_USED_KEY_SQL} = $key) LIMIT 1",
 }
 
 GROUPS_SQL = """

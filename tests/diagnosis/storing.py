@@ -19,8 +19,13 @@ _FR_SCHEMA = pa.schema([f for f in FR_ENTRIES.arrow_schema() if not FR_ENTRIES.c
 def store_case(con, case, run_id: str = "run", now_ns: int | None = None) -> None:
     """Insert ``case``'s entries and groups under ``run_id``; with ``now_ns``, also heartbeats of
     every rank that has a dump, alive and without progress for a minute."""
+    store_dumps(con, dump_documents(case), run_id, now_ns)
+
+
+def store_dumps(con, dumps: dict[int, dict], run_id: str = "run", now_ns: int | None = None) -> None:
+    """``store_case`` for dump documents (rank -> a dump's ``entries`` and ``pg_config``)."""
     rows, groups = [], []
-    for rank, dump in dump_documents(case).items():
+    for rank, dump in dumps.items():
         rows += [{"run_id": run_id, "rank": rank, "snapshot_ns": now_ns or 1, **entry_from_dump(entry)}
                  for entry in dump["entries"]]
         groups += [{"run_id": run_id, "rank": rank, "reported_ns": 1, **g}

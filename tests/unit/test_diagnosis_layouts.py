@@ -1,5 +1,6 @@
 """Layouts an adversarial probe found the diagnosis misread: pipelines that batch their sends and
-receives, coalesced calls cut by a wrapped ring buffer, and a stuck rank that enqueued more.
+receives, coalesced calls cut by a wrapped ring buffer, a stuck rank that enqueued more, and a
+gather's root, which alone lists the gathered outputs.
 
 Each rank's program is a list of entries written in record order, the way torch's Flight
 Recorder writes them for NCCL; ``ring`` keeps only a rank's newest entries, as a wrapped ring does.
@@ -7,8 +8,16 @@ Recorder writes them for NCCL; ``ring`` keeps only a rank's newest entries, as a
 
 from __future__ import annotations
 
+import duckdb
+import pytest
+
+from rankstream.consumers.query import Database
+from rankstream.consumers.store import apply_schema
+from rankstream.flows.diagnosis.columnar import entry_table, from_entry_tables
 from rankstream.flows.diagnosis.engine import diagnose
 from rankstream.flows.diagnosis.entries import Vocabulary, concatenate, from_dump_entries
+from rankstream.flows.diagnosis.report import diagnose_stored
+from tests.diagnosis.storing import store_dumps
 
 GROUP = ("0", "default_pg")
 
@@ -150,3 +159,57 @@ def test_a_receive_of_other_sizes_than_its_send_is_named_from_the_history():
     root = diagnosis(programs).root
     assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("size_mismatch", [1], [0])
     assert root.headline().startswith("rank 1 used other tensor sizes in recv #")
+
+
+def gather_job(steps: int, *, skip_rank: int | None = None, half_rank: int | None = None) -> dict[int, list[dict]]:
+    """Four ranks that gather to rank 0, then scatter from it, each step, as torch records them:
+    only the gather's root lists outputs, only the scatter's root inputs. ``skip_rank`` skips
+    the last step's gather; ``half_rank`` gathers Half tensors in it."""
+    entries: dict[int, list[dict]] = {rank: [] for rank in range(4)}
+    for rank, rows in entries.items():
+        root = rank == 0
+        calls = []
+        for step in range(steps):
+            last = step == steps - 1
+            dtype = "Half" if last and rank == half_rank else "Float"
+            if not (last and rank == skip_rank):
+                calls.append(("gather", [[64]], [[4, 64]] if root else [], [dtype], [dtype] if root else []))
+            calls.append(("scatter", [[4, 64]] if root else [], [[64]], ["Float"] if root else [], ["Float"]))
+        for seq, (op, inputs, outputs, in_dtypes, out_dtypes) in enumerate(calls, start=1):
+            stuck = seq > len(calls) - (2 if skip_rank is not None else 0)
+            rows.append({"record_id": seq - 1, "process_group": GROUP, "collective_seq_id": seq, "p2p_seq_id": 0,
+                         "profiling_name": f"nccl:{op}", "input_sizes": inputs, "output_sizes": outputs,
+                         "input_dtypes": in_dtypes, "output_dtypes": out_dtypes,
+                         "state": "started" if stuck else "completed", "time_created_ns": seq * 1000,
+                         "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
+    return entries
+
+
+def diagnose_through(door: str, entries: dict[int, list[dict]]):
+    """The diagnosis of the same dumps through one of its doors: the raw entries, Arrow (the
+    loader's fast path for torch's types) or the stored run."""
+    members = {GROUP[0]: sorted(entries)}
+    if door == "stored":
+        con = duckdb.connect()
+        apply_schema(con)
+        pg_config = {GROUP[0]: {"name": GROUP[0], "desc": GROUP[1], "ranks": sorted(entries)}}
+        store_dumps(con, {rank: {"entries": rows, "pg_config": pg_config} for rank, rows in entries.items()})
+        return diagnose_stored(Database.over(con, "layouts"), "run").diagnosis
+    vocabulary = Vocabulary()
+    if door == "arrow":
+        together = from_entry_tables([entry_table(rows) for rows in entries.values()], list(entries), members,
+                                     vocabulary=vocabulary)
+    else:
+        together = concatenate([from_dump_entries(rows, rank, members, vocabulary=vocabulary)
+                                 for rank, rows in entries.items()], vocabulary)
+    return diagnose(together, listed=members, dumped=sorted(entries))
+
+
+@pytest.mark.parametrize("door", ["entries", "arrow", "stored"])
+def test_a_gather_s_root_is_not_at_odds_with_its_peers_for_listing_the_outputs(door):
+    assert diagnose_through(door, gather_job(6)).findings == []
+    skipped = diagnose_through(door, gather_job(6, skip_rank=3)).root
+    assert (skipped.kind, skipped.culprit_ranks) == ("skipped_collective", [3])
+    half = diagnose_through(door, gather_job(6, half_rank=2)).root
+    assert (half.kind, half.culprit_ranks) == ("dtype_mismatch", [2])
+    assert "Half" in half.actual["dtype"] and "Half" not in half.expected["dtype"]
