@@ -100,6 +100,9 @@ def main() -> None:
     parser.add_argument("--gpu-events", type=int, default=1_000_000)
     parser.add_argument("--hta-python", default="/work/hta-venv/bin/python")
     args = parser.parse_args()
+    if not Path(args.hta_python).is_file():
+        raise SystemExit(f"HTA's interpreter {args.hta_python} does not exist: set up HTA's virtualenv as "
+                         "bench/hta_record.py's docstring shows, or pass --hta-python")
     with tempfile.TemporaryDirectory(prefix="hta-parity-") as scratch:
         generated = Path(scratch) / "generated-8rank"
         steps = kineto_gpu_generator.steps_for_gpu_events(args.gpu_events, 8, 120)
