@@ -22,7 +22,7 @@ import numpy as np
 
 from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.evidence import decide, siblings_of
-from rankstream.flows.diagnosis.findings import KINDS, Finding, verdict_of
+from rankstream.flows.diagnosis.findings import KINDS, Finding, blocks, verdict_of
 from rankstream.flows.diagnosis.groups import Group
 from rankstream.flows.diagnosis.hang_findings import hang_findings, wait_graph
 from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
@@ -148,11 +148,13 @@ def _straggler_finding(straggler, run: Run) -> Finding:
 
 # -- 4. the root cause first -------------------------------------------------------------------------
 def _rooted(findings: list[Finding]) -> list[Finding]:
-    """The finding with direct evidence that explains the most blocked ranks first (then the most
-    specific kind, then the oldest); the findings whose culprits it blocks become its consequences."""
+    """A finding that holds ranks up before one that does not (a hung job's root cause is what
+    hangs it, not an older mismatch that completed); among them, the one with direct evidence that
+    explains the most blocked ranks (then the most specific kind, then the oldest). The findings
+    whose culprits it blocks become its consequences."""
     order = {kind: i for i, kind in enumerate(KINDS)}
-    findings = sorted(findings, key=lambda f: (f.inferred, -len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
-                                               f.seq if f.seq is not None else 0))
+    findings = sorted(findings, key=lambda f: (not blocks(f), f.inferred, -len(f.waiting_ranks), not f.culprit_ranks,
+                                               order[f.kind], f.seq if f.seq is not None else 0))
     if not findings:
         return findings
     root, rest = findings[0], findings[1:]

@@ -4,8 +4,9 @@ Three kinds of evidence, each a vote for one of the values the ranks issued:
 
 * the group's own history: the calls it agreed on before repeat with a period, which predicts the
   call it should have issued here;
-* its siblings: the other groups with the same description and size (the other tensor-parallel
-  pairs), which run the same step and agree among themselves on this sequence number;
+* its siblings: the other groups with the same description and size and no member in common (the
+  other tensor-parallel pairs), which run the same step and agree among themselves on this
+  sequence number;
 * the ranks' behaviour elsewhere: a rank that is the odd one out in another group is the likelier
   culprit here too.
 
@@ -23,10 +24,21 @@ from rankstream.flows.diagnosis.sequences import GroupSequences
 __all__ = ["decide", "siblings_of"]
 
 
+#: The description torch gives a group created without one: it names no role.
+PLACEHOLDER_DESC = "undefined"
+
+
 def siblings_of(seqs: GroupSequences, sequences: dict[int, GroupSequences]) -> list[GroupSequences]:
+    """The groups that play this group's role on other ranks: the same description (a real one:
+    torch's placeholder says nothing of the role), the same size and no member in common (two
+    groups over the same ranks are two roles, such as two gradient buckets' groups)."""
     group = seqs.group
+    if not group.desc or group.desc == PLACEHOLDER_DESC:
+        return []
+    members = set(group.members)
     return [other for other in sequences.values() if other.group.code != group.code
-            and other.group.desc == group.desc and len(other.group.members) == len(group.members)]
+            and other.group.desc == group.desc and len(other.group.members) == len(group.members)
+            and members.isdisjoint(other.group.members)]
 
 
 def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences], *, suspects: set[int],

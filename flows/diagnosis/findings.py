@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "KINDS", "MISMATCH_KINDS", "WAIT_KINDS", "verdict_of"]
+__all__ = ["Finding", "KINDS", "MISMATCH_KINDS", "WAIT_KINDS", "blocks", "verdict_of"]
 
 #: Every fault the diagnosis can name, most specific first (the order breaks ties between findings).
 KINDS = (
+    "order_mismatch",       # a rank issued two groups' calls in the reverse of its peers' order: a deadlock
     "deadlock",             # ranks wait for each other in a cycle across groups
     "stuck_in_collective",  # a rank is still in collective #N that every peer completed
     "skipped_collective",   # a rank never issued collective #N that its peers issued
@@ -30,8 +31,8 @@ KINDS = (
 )
 MISMATCH_KINDS = frozenset({"extra_collective", "type_mismatch", "size_mismatch", "dtype_mismatch",
                             "state_mismatch"})
-WAIT_KINDS = frozenset({"deadlock", "stuck_in_collective", "skipped_collective", "missing_dump", "dead_rank",
-                        "p2p_unmatched"})
+WAIT_KINDS = frozenset({"order_mismatch", "deadlock", "stuck_in_collective", "skipped_collective", "missing_dump",
+                        "dead_rank", "p2p_unmatched"})
 
 
 @dataclass
@@ -67,6 +68,11 @@ class Finding:
     def headline(self) -> str:
         """One line: who did what where, and who it blocks."""
         where = f"in group {describe_group(self.group, self.group_desc)}" if self.group is not None else ""
+        if not self.culprit_ranks and self.kind in _DISAGREE_ON and isinstance(self.actual, dict):
+            ops = sorted({value.get("op", "?") for value in self.actual.values() if isinstance(value, dict)})
+            what = f"disagree on {_DISAGREE_ON[self.kind]} of #{self.seq} ({' / '.join(ops)})"
+            reason = f"; culprit {self.culprit_reason}" if self.culprit_reason else ""
+            return " ".join((f"ranks {', '.join(map(str, self.actual))}", what, where)) + reason
         what = _WHAT[self.kind](self)
         who = (f"rank {self.culprit_ranks[0]}" if len(self.culprit_ranks) == 1 else
                f"ranks {', '.join(map(str, self.culprit_ranks))}" if self.culprit_ranks else
@@ -96,8 +102,14 @@ def _numbered(finding: Finding, value: Any) -> str:
     return f"{_op(value)} #{finding.seq}" if finding.seq is not None else _op(value)
 
 
+#: What the ranks of a mismatch without a culprit disagree on.
+_DISAGREE_ON = {"type_mismatch": "the collective", "size_mismatch": "the tensor sizes",
+                "dtype_mismatch": "the dtypes"}
+
 _WHAT = {
     "deadlock": lambda f: "wait for each other (deadlock)",
+    "order_mismatch": lambda f: f"issued {f.actual['call']} before {_numbered(f, f.expected)}, the reverse of its "
+                                "peers' order (deadlock)",
     "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
     "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
@@ -112,6 +124,13 @@ _WHAT = {
 }
 
 
+def blocks(finding: Finding) -> bool:
+    """Whether the finding holds ranks up: they wait for it, it never completed, or it is a
+    deadlock, a dead rank or a stuck collective."""
+    return bool(finding.waiting_ranks or finding.in_flight
+                or finding.kind in ("order_mismatch", "deadlock", "dead_rank", "stuck_in_collective"))
+
+
 def verdict_of(findings: list[Finding]) -> str:
     """healthy, hang (ranks are blocked), desync (ranks disagree but none is blocked) or straggler."""
     if not findings:
@@ -119,6 +138,4 @@ def verdict_of(findings: list[Finding]) -> str:
     root = findings[0]
     if root.kind == "straggler":
         return "straggler"
-    if root.waiting_ranks or root.in_flight or root.kind in ("deadlock", "dead_rank", "stuck_in_collective"):
-        return "hang"
-    return "desync"
+    return "hang" if blocks(root) else "desync"

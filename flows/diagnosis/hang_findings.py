@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from rankstream.flows.diagnosis.evidence import siblings_of
 from rankstream.flows.diagnosis.findings import Finding
 from rankstream.flows.diagnosis.matching import Disagreement
@@ -71,6 +73,10 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
         if set(cycle) & reaching:
             continue
         edges = [edge for rank in cycle for edge in graph.edges[rank] if edge.target in cycle]
+        reversed_order = _out_of_order(run, cycle, [edge.waiter for edge in edges])
+        if reversed_order is not None:
+            findings.append(reversed_order)
+            continue
         first = edges[0].waiter
         findings.append(Finding(
             kind="deadlock", culprit_ranks=cycle, group=run.group(first.group).name,
@@ -78,6 +84,60 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
             waiting_ranks=sorted(graph.upstream(set(cycle))), in_flight=True,
             evidence=[f"rank {e.waiter.rank} waits in {place_of(run, e.waiter)} for rank {e.target}" for e in edges]))
     return findings
+
+
+def _out_of_order(run: Run, cycle: list[int], positions: list[Position]) -> Finding | None:
+    """A deadlock that one side caused: ranks of the cycle that issued two of its calls (in two
+    groups) in the reverse of the order a strict majority of the groups' common members issued
+    them. A rank that issued only one of the two is taken to reach the other later. None when the
+    order splits evenly (every rank reached its calls in order: a deadlock by design)."""
+    calls = run.calls
+    places = sorted({(p.group, p.seq) for p in positions if p.seq > 0})
+    records = {}
+    for group, seq in places:
+        rows = np.flatnonzero((calls.group == group) & (calls.seq == seq))
+        records[group, seq] = dict(zip(calls.rank[rows].tolist(), calls.record[rows].tolist()))
+    for first, second in ((a, b) for i, a in enumerate(places) for b in places[i + 1:] if a[0] != b[0]):
+        common = set(run.group(first[0]).members) & set(run.group(second[0]).members)
+        order = {}
+        for rank in common:
+            mine, theirs = records[first].get(rank), records[second].get(rank)
+            if mine is not None or theirs is not None:
+                order[rank] = theirs is None or (mine is not None and mine < theirs)
+        majority = Counter(order.values()).most_common(1)
+        if not majority or majority[0][1] * 2 <= len(order):
+            continue
+        usual = majority[0][0]
+        culprits = sorted(rank for rank, first_first in order.items() if first_first != usual and rank in cycle)
+        if not culprits:
+            continue
+        before, after = (first, second) if usual else (second, first)  # the majority's order
+        waiters = sorted(rank for rank in cycle if rank not in culprits)
+        expected_call = _call_words(run, before)
+        return Finding(
+            kind="order_mismatch", culprit_ranks=culprits, group=run.group(before[0]).name,
+            group_desc=run.group(before[0]).desc, seq=before[1],
+            expected={**(_described(run, before) or {}), "call": expected_call},
+            actual={**(_described(run, after) or {}), "call": _call_words(run, after)},
+            waiting_ranks=waiters, in_flight=True,
+            evidence=[f"{_ranks_text(culprits)} issued {_call_words(run, after)} before {expected_call}; "
+                      f"{len(order) - len(culprits)} of the {len(order)} ranks in both groups issue them the "
+                      "other way round, so each side waits for the other (deadlock)"])
+    return None
+
+
+def _described(run: Run, place: tuple[int, int]) -> dict | None:
+    values = list(run.sequences[place[0]].values_at(place[1]).values())
+    return run.describe(max(set(values), key=values.count)) if values else None
+
+
+def _call_words(run: Run, place: tuple[int, int]) -> str:
+    described = _described(run, place)
+    return f"{described['op'] if described else 'call'} #{place[1]} of {run.group(place[0]).label}"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def _legitimate(run: Run, position: Position) -> bool:
@@ -216,10 +276,15 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding
                            waiting_ranks=waiting, in_flight=True, evidence=[
                                f"rank {rank} left no dump, but its peers completed {later} with it, which comes "
                                f"after #{where.seq} of {group.label} in their program: it went past it"])
+        # the ranks that left dumps disagree on that very call: their disagreement is the direct
+        # evidence (a missing file cannot make them issue other calls), so it is ranked first
+        disputed = len(set(values)) > 1
         return Finding(kind="missing_dump", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                        seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
+                       inferred=disputed,
                        evidence=[f"rank {rank} left no dump; {len(waiting)} rank(s) wait for it, first in "
-                                 f"{place_of(run, where)}"])
+                                 f"{place_of(run, where)}"]
+                       + ([f"the ranks that left dumps issued different calls at #{where.seq}"] if disputed else []))
     last = seqs.last_seq().get(rank)
     evidence = [f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
                 f"; its peers wait in #{where.seq}"]

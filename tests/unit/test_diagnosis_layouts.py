@@ -213,3 +213,100 @@ def test_a_gather_s_root_is_not_at_odds_with_its_peers_for_listing_the_outputs(d
     half = diagnose_through(door, gather_job(6, half_rank=2)).root
     assert (half.kind, half.culprit_ranks) == ("dtype_mismatch", [2])
     assert "Half" in half.actual["dtype"] and "Half" not in half.expected["dtype"]
+
+
+class Groups:
+    """Ranks issuing collectives in several groups, numbered per group as torch numbers them."""
+
+    def __init__(self, members: dict[str, list[int]], desc: str = "undefined") -> None:
+        self.members, self.desc = members, desc
+        self.entries: dict[int, list[dict]] = {rank: [] for ranks in members.values() for rank in ranks}
+        self.seqs: dict[tuple[int, str], int] = {}
+
+    def call(self, rank: int, group: str, *, size: int = 8, state: str = "completed", dtype: str = "Float") -> None:
+        seq = self.seqs[rank, group] = self.seqs.get((rank, group), 0) + 1
+        rows = self.entries[rank]
+        rows.append({"record_id": len(rows), "process_group": (group, self.desc), "collective_seq_id": seq,
+                     "p2p_seq_id": 0, "profiling_name": "nccl:all_reduce", "input_sizes": [[size]],
+                     "output_sizes": [[size]], "input_dtypes": [dtype], "output_dtypes": [dtype], "state": state,
+                     "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
+
+    def diagnosis(self, *, without: int | None = None):
+        vocabulary = Vocabulary()
+        parts = [from_dump_entries(rows, rank, self.members, vocabulary=vocabulary)
+                 for rank, rows in self.entries.items() if rank != without]
+        return diagnose(concatenate(parts, vocabulary), listed=self.members,
+                        dumped=sorted(rank for rank in self.entries if rank != without))
+
+
+def test_two_undescribed_groups_over_the_same_ranks_are_not_each_other_s_siblings():
+    """Two gradient buckets' groups, both with torch's placeholder description: rank 1 passes the
+    second bucket's tensor to the first bucket's group. Read as siblings, the second group's calls
+    outvoted the first group's own history and the culprit was undetermined."""
+    job = Groups({"1": [0, 1], "2": [0, 1]})
+    for step in range(10):
+        last = step == 9
+        for rank in (0, 1):
+            job.call(rank, "1", size=512 if last and rank == 1 else 1024, state="started" if last else "completed")
+            job.call(rank, "2", size=512, state="scheduled" if last else "completed")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group) == ("size_mismatch", [1], "1")
+
+
+def interleaved(reverse: set[int], ranks: int = 4, steps: int = 9) -> Groups:
+    """Two groups over the same ranks, called alternately; in the last step the ``reverse`` ranks
+    call the first group's next collective before the second group's, and NCCL runs what each rank
+    enqueued first: everyone ends up inside a call the others are not in."""
+    job = Groups({"1": list(range(ranks)), "2": list(range(ranks))})
+    for step in range(steps):
+        for rank in range(ranks):
+            job.call(rank, "1")
+            if step < steps - 1:
+                job.call(rank, "2")
+            elif rank in reverse:
+                job.call(rank, "1", state="started")
+                job.call(rank, "2", state="scheduled")
+            else:
+                job.call(rank, "2", state="started")
+    return job
+
+
+def test_a_rank_that_reversed_two_groups_calls_is_the_root_of_the_deadlock():
+    result = interleaved(reverse={2}).diagnosis()
+    root = result.root
+    assert (root.kind, root.culprit_ranks, root.waiting_ranks, result.verdict) == (
+        "order_mismatch", [2], [0, 1, 3], "hang")
+    assert "all_reduce #10 of undefined (pg 1) before all_reduce #9" in root.headline()
+
+
+def test_a_deadlock_with_no_majority_order_names_every_rank_of_the_cycle():
+    root = interleaved(reverse={1}, ranks=2).diagnosis().root
+    assert (root.kind, root.culprit_ranks) == ("deadlock", [0, 1])
+
+
+def test_a_missing_dump_does_not_outrank_a_disagreement_among_the_dumps():
+    """Rank 3 skipped a call (its next one is at odds with its peers'), and rank 2's dump was not
+    collected: the disagreement is direct evidence, the missing file is not."""
+    job = Groups({"0": [0, 1, 2, 3]}, desc="default_pg")
+    for step in range(6):
+        last = step == 5
+        for rank in range(4):
+            if not (last and rank == 3):
+                job.call(rank, "0", size=1024, state="started" if last else "completed")
+            job.call(rank, "0", size=1, state="scheduled" if last else "completed")
+    result = job.diagnosis(without=2)
+    assert result.root.culprit_ranks == [3] and result.root.kind != "missing_dump"
+    assert any(f.kind == "missing_dump" and f.culprit_ranks == [2] for f in result.findings[1:])
+
+
+def test_what_hangs_the_job_is_its_root_cause_rather_than_an_older_mismatch_that_completed():
+    job = Groups({"0": [0, 1, 2, 3]}, desc="default_pg")
+    for step in range(8):
+        for rank in range(4):
+            if step == 7 and rank == 3:
+                continue  # rank 3 never issues the last call: the others wait in it
+            job.call(rank, "0", dtype="Half" if (step, rank) == (1, 1) else "Float",
+                     state="started" if step == 7 else "completed")
+    result = job.diagnosis()
+    assert (result.verdict, result.root.culprit_ranks) == ("hang", [3])
+    assert any(f.kind == "dtype_mismatch" and f.culprit_ranks == [1] for f in result.findings)

@@ -99,6 +99,8 @@ def test_a_tie_without_evidence_says_undetermined_and_why():
     entries, dumped = job({0: [("all_reduce", 8)], 1: [("broadcast", 8)]})
     [finding] = diagnose(entries, listed={}, dumped=dumped).findings
     assert finding.culprit_ranks == [] and "undetermined between ranks 0, 1" in finding.culprit_reason
+    assert finding.headline().startswith("ranks 0, 1 disagree on the collective of #1 (all_reduce / broadcast) "
+                                         "in group default_pg (pg 0); culprit undetermined between ranks 0, 1")
 
 
 def test_cycles_sinks_and_upstream_of_the_wait_for_graph():
