@@ -18,8 +18,6 @@ from rankstream.flows.diagnosis.ring_progress import RingProgress, ring_progress
 
 __all__ = ["StoredRun", "load_stored", "live_horizon", "ENTRIES_SQL"]
 
-_UNEVEN_SQL = ", ".join(f"'{op}'" for op in sorted(UNEVEN_OPS))
-_OP_SQL = "split_part(split_part(profiling_name, ':', 2), ' ', 1)"
 _PAIR_KEY_SQL = "coalesce(dtypes_key, hash(input_dtypes, output_dtypes))"
 #: ``entries.dtypes_used`` in SQL: an uneven op's dtype key is the distinct dtypes it used.
 _USED_SQL = "list_sort(list_distinct(list_concat(coalesce(input_dtypes, []), coalesce(output_dtypes, []))))"
@@ -33,9 +31,7 @@ _RECENT = f"""
 WITH tops AS (SELECT rank, max(record_id) AS top FROM fr_entries WHERE run_id = $run GROUP BY rank),
 recent AS (
     SELECT f.rank, f.record_id, f.pg_name, f.pg_desc, f.collective_seq_id, f.p2p_seq_id, f.profiling_name,
-           CASE WHEN {_OP_SQL} IN ({_UNEVEN_SQL}) THEN 0
-                ELSE coalesce(f.sizes_key, hash(f.input_sizes, f.output_sizes)) END AS shape,
-           CASE WHEN {_OP_SQL} IN ({_UNEVEN_SQL}) THEN {_USED_KEY_SQL} ELSE {_PAIR_KEY_SQL} END AS dtype,
+           coalesce(f.sizes_key, hash(f.input_sizes, f.output_sizes)) AS shape, {_PAIR_KEY_SQL} AS dtype,
            f.state, f.time_created_ns, f.time_discovered_started_ns, f.time_discovered_completed_ns, f.snapshot_ns
     FROM fr_entries f JOIN tops USING (rank)
     WHERE f.run_id = $run AND ($tail IS NULL OR f.record_id > tops.top - $tail)
@@ -50,6 +46,13 @@ SELECT rank, pg_name, coalesce(pg_desc, '') AS pg_desc, coalesce(collective_seq_
             WHEN state = 'started' OR time_discovered_started_ns > 0 THEN 1 ELSE 0 END::TINYINT AS state,
        coalesce(time_created_ns, 0) AS created, record_id, snapshot_ns
 FROM recent
+"""
+
+#: The ``dtypes_used`` keys of the entries of uneven ops (few: gathers, scatters, all_to_alls),
+#: found by their profiling names; an entry's dtypes are the same in each of its states.
+USED_DTYPES_SQL = f"""
+SELECT rank, record_id, any_value({_USED_KEY_SQL}) AS dtype FROM fr_entries
+WHERE run_id = $run AND profiling_name IN (SELECT unnest($names)) GROUP BY rank, record_id
 """
 
 #: The text of one sizes or dtypes value, by its key (only the few a finding shows are looked up).
@@ -96,6 +99,19 @@ def _newest(table: pa.Table) -> pa.Table:
     return table if last.all() and (np.diff(order) > 0).all() else table.take(pa.array(order[last]))
 
 
+def _with_used_dtypes(database, run_id: str, names: list[str], table: pa.Table, uneven: np.ndarray,
+                      keys: np.ndarray) -> np.ndarray:
+    """``keys`` with the rows of uneven ops keyed by the dtypes they used (``USED_DTYPES_SQL``)."""
+    used = database.arrow(USED_DTYPES_SQL, {"run": run_id, "names": names})
+    where = {(rank, record): key for rank, record, key in zip(
+        used["rank"].to_pylist(), used["record_id"].to_pylist(), used["dtype"].to_pylist())}
+    keys = keys.copy()
+    rows = np.flatnonzero(uneven)
+    ranks, records = table["rank"].to_numpy()[rows].tolist(), table["record_id"].to_numpy()[rows].tolist()
+    keys[rows] = [where.get(pair, key) for pair, key in zip(zip(ranks, records), keys[rows].tolist())]
+    return keys
+
+
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     encoded = pc.dictionary_encode(column).combine_chunks()
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
@@ -132,8 +148,14 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
     op_codes = vocabulary.codes("ops", [op for op, _, _ in parsed])
     ranks = table["rank"].to_numpy().astype(np.int32)
     is_p2p, peer = p2p_peers(parsed, profiling, names, group_text=name_text, members=listed)
-    shapes, shape_index = np.unique(table["shape"].to_numpy(), return_inverse=True)
-    dtypes, dtype_index = np.unique(table["dtype"].to_numpy(), return_inverse=True)
+    shape_keys, dtype_keys = table["shape"].to_numpy(), table["dtype"].to_numpy()
+    uneven_names = [name for name, (op, _, _) in zip(profiling_text, parsed) if op in UNEVEN_OPS]
+    if uneven_names:
+        uneven = np.isin(profiling, [i for i, (op, _, _) in enumerate(parsed) if op in UNEVEN_OPS])
+        shape_keys = np.where(uneven, 0, shape_keys)  # their sizes differ by design
+        dtype_keys = _with_used_dtypes(database, run_id, uneven_names, table, uneven, dtype_keys)
+    shapes, shape_index = np.unique(shape_keys, return_inverse=True)
+    dtypes, dtype_index = np.unique(dtype_keys, return_inverse=True)
     vocabulary.shapes = [UNEVEN if h == 0 else _Key(int(h)) for h in shapes.tolist()]
     vocabulary.dtypes = [_Key(int(h)) for h in dtypes.tolist()]
     vocabulary.resolver = lambda kind, key: (database.fetchall(TEXT_SQL[kind], {"run": run_id, "key": key.value})
