@@ -200,8 +200,11 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
     is_p2p, peer = p2p_peers(parsed, every_row, every_row, group_text=[key[0] for key in group_keys], members=members)
     uneven = {name for name, (op, _, _) in parsed_by_name.items() if op in UNEVEN_OPS}
     shape_keys = list(map(repr, zip(in_sizes, out_sizes)))
+    dtype_keys = list(map(repr, zip(in_dtypes, out_dtypes)))
     if uneven:
         shape_keys = [UNEVEN if name in uneven else key for name, key in zip(names, shape_keys)]
+        dtype_keys = [dtypes_used(i, o) if name in uneven else key
+                      for name, i, o, key in zip(names, in_dtypes, out_dtypes, dtype_keys)]
     return Entries(
         rank=np.full(n, rank, dtype=np.int32),
         group=vocabulary.codes("groups", group_keys),
@@ -210,8 +213,7 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
         op=vocabulary.codes("ops", op_names),
         peer=peer,
         shape=vocabulary.codes("shapes", shape_keys),
-        dtype=vocabulary.codes("dtypes", [dtypes_used(i, o) if name in uneven else repr((i, o))
-                                          for name, i, o in zip(names, in_dtypes, out_dtypes)]),
+        dtype=vocabulary.codes("dtypes", dtype_keys),
         state=folded_state(np.fromiter(map(_STATE_CODE.get, states, (0,) * n), dtype=np.int8, count=n),
                            _ints(started, "time_discovered_started_ns"),
                            _ints(completed, "time_discovered_completed_ns")),
