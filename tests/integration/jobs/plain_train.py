@@ -26,6 +26,9 @@ def main() -> int:
     parser.add_argument("--optimizers", type=int, default=1)
     parser.add_argument("--width", type=int, default=64, help="model width (bench/run_overhead.py: bigger steps)")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device-ms", type=float, default=0.0,
+                        help="wait this long per step after backward, as a GPU job waits on its device with the "
+                             "cores free (bench/run_overhead.py --device-ms)")
     parser.add_argument("--report-slow", action="store_true", help="print every step's time (rank 0)")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
@@ -46,6 +49,8 @@ def main() -> int:
         data = torch.randn(args.batch, args.width)
         loss = sum(m(data).pow(2).mean() for m in models)
         loss.backward()
+        if args.device_ms:
+            time.sleep(args.device_ms / 1000)
         for model in models:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
