@@ -49,10 +49,12 @@ FROM recent
 """
 
 #: The ``dtypes_used`` keys of the entries of uneven ops (few: gathers, scatters, all_to_alls),
-#: found by their profiling names; an entry's dtypes are the same in each of its states.
+#: found by their profiling names, from the oldest record judged on; an entry's dtypes are the same
+#: in each of its states.
 USED_DTYPES_SQL = f"""
 SELECT rank, record_id, any_value({_USED_KEY_SQL}) AS dtype FROM fr_entries
-WHERE run_id = $run AND profiling_name IN (SELECT unnest($names)) GROUP BY rank, record_id
+WHERE run_id = $run AND record_id >= $oldest AND profiling_name IN (SELECT unnest($names))
+GROUP BY rank, record_id
 """
 
 #: The text of one sizes or dtypes value, by its key (only the few a finding shows are looked up).
@@ -102,12 +104,12 @@ def _newest(table: pa.Table) -> pa.Table:
 def _with_used_dtypes(database, run_id: str, names: list[str], table: pa.Table, uneven: np.ndarray,
                       keys: np.ndarray) -> np.ndarray:
     """``keys`` with the rows of uneven ops keyed by the dtypes they used (``USED_DTYPES_SQL``)."""
-    used = database.arrow(USED_DTYPES_SQL, {"run": run_id, "names": names})
+    rows = np.flatnonzero(uneven)
+    ranks, records = table["rank"].to_numpy()[rows].tolist(), table["record_id"].to_numpy()[rows].tolist()
+    used = database.arrow(USED_DTYPES_SQL, {"run": run_id, "names": names, "oldest": min(records)})
     where = {(rank, record): key for rank, record, key in zip(
         used["rank"].to_pylist(), used["record_id"].to_pylist(), used["dtype"].to_pylist())}
     keys = keys.copy()
-    rows = np.flatnonzero(uneven)
-    ranks, records = table["rank"].to_numpy()[rows].tolist(), table["record_id"].to_numpy()[rows].tolist()
     keys[rows] = [where.get(pair, key) for pair, key in zip(zip(ranks, records), keys[rows].tolist())]
     return keys
 

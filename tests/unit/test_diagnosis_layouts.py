@@ -310,3 +310,26 @@ def test_what_hangs_the_job_is_its_root_cause_rather_than_an_older_mismatch_that
     result = job.diagnosis()
     assert (result.verdict, result.root.culprit_ranks) == ("hang", [3])
     assert any(f.kind == "dtype_mismatch" and f.culprit_ranks == [1] for f in result.findings)
+
+
+def all_to_all_job(steps: int, *, half_rank: int | None = None) -> dict[int, list[dict]]:
+    """Four ranks exchanging tokens with ``all_to_all_single``, each with its own uneven split
+    every step (the sizes differ by design); ``half_rank`` sends Half in the last step."""
+    entries: dict[int, list[dict]] = {rank: [] for rank in range(4)}
+    for rank, rows in entries.items():
+        for seq in range(1, steps + 1):
+            dtype = "Half" if seq == steps and rank == half_rank else "Float"
+            tokens = 100 + 17 * ((rank * 7 + seq * 3) % 5)
+            rows.append({"record_id": seq - 1, "process_group": GROUP, "collective_seq_id": seq, "p2p_seq_id": 0,
+                         "profiling_name": "nccl:all_to_all", "input_sizes": [[tokens, 64]],
+                         "output_sizes": [[tokens + rank, 64]], "input_dtypes": [dtype], "output_dtypes": [dtype],
+                         "state": "completed", "time_created_ns": seq * 1000, "time_discovered_started_ns": None,
+                         "time_discovered_completed_ns": None})
+    return entries
+
+
+@pytest.mark.parametrize("door", ["entries", "arrow", "stored"])
+def test_an_all_to_all_s_uneven_splits_are_not_a_mismatch_but_another_dtype_is(door):
+    assert diagnose_through(door, all_to_all_job(8)).findings == []
+    half = diagnose_through(door, all_to_all_job(8, half_rank=1)).root
+    assert (half.kind, half.culprit_ranks, half.seq) == ("dtype_mismatch", [1], 8)
