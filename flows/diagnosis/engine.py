@@ -15,7 +15,6 @@ hang watch. In order:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,17 +123,12 @@ def _state_findings(run: Run, disagreements: list[Disagreement]) -> list[Finding
             if moved_on and any(s >= 2 for s in states.values()):
                 findings.append(Finding(
                     kind="state_mismatch", culprit_ranks=moved_on, group=seqs.group.name, group_desc=seqs.group.desc,
-                    seq=seq, expected=run.describe(_most_common(seqs.values_at(seq))),
+                    seq=seq, expected=run.describe(seqs.usual_at(seq)),
                     actual={str(r): ("scheduled", "started", "completed")[s] for r, s in states.items()},
                     evidence=[f"rank(s) {moved_on} went on to later collectives of {seqs.group.label} without "
                               f"completing #{seq}, which their peers completed"]))
                 break
     return findings
-
-
-def _most_common(values: dict[int, int]) -> int | None:
-    counts = Counter(values.values())
-    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def _straggler_finding(straggler, run: Run) -> Finding:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Finding", "KINDS", "MISMATCH_KINDS", "WAIT_KINDS", "blocks", "verdict_of"]
+__all__ = ["Finding", "KINDS", "MISMATCH_KINDS", "WAIT_KINDS", "blocks", "ranks_text", "verdict_of"]
 
 #: Every fault the diagnosis can name, most specific first (the order breaks ties between findings).
 KINDS = (
@@ -72,11 +72,9 @@ class Finding:
             ops = sorted({value.get("op", "?") for value in self.actual.values() if isinstance(value, dict)})
             what = f"disagree on {_DISAGREE_ON[self.kind]} of #{self.seq} ({' / '.join(ops)})"
             reason = f"; culprit {self.culprit_reason}" if self.culprit_reason else ""
-            return " ".join((f"ranks {', '.join(map(str, self.actual))}", what, where)) + reason
+            return " ".join((ranks_text(list(self.actual)), what, where)) + reason
         what = _WHAT[self.kind](self)
-        who = (f"rank {self.culprit_ranks[0]}" if len(self.culprit_ranks) == 1 else
-               f"ranks {', '.join(map(str, self.culprit_ranks))}" if self.culprit_ranks else
-               self.culprit_reason or "no culprit")
+        who = ranks_text(self.culprit_ranks) if self.culprit_ranks else self.culprit_reason or "no culprit"
         waiting = len(self.waiting_ranks)
         tail = f"; {waiting} " + ("rank waits" if waiting == 1 else "ranks wait") + " for it" if waiting else ""
         return " ".join(part for part in (who, what, where) if part) + tail
@@ -88,6 +86,11 @@ class Finding:
                 "explains": self.explains, "culprit_reason": self.culprit_reason, "stack": self.stack,
                 "inferred": self.inferred,
                 "headline": self.headline()}
+
+
+def ranks_text(ranks: list) -> str:
+    """``rank 3`` or ``ranks 0, 1, 3``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def describe_group(name: str | None, desc: str | None) -> str:

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 
 from rankstream.flows.diagnosis.evidence import siblings_of
-from rankstream.flows.diagnosis.findings import Finding
+from rankstream.flows.diagnosis.findings import Finding, ranks_text
 from rankstream.flows.diagnosis.matching import Disagreement
 from rankstream.flows.diagnosis.origin import shift_origin
 from rankstream.flows.diagnosis.p2p import Mismatch
@@ -112,32 +112,22 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position]) -> Find
         if not culprits:
             continue
         before, after = (first, second) if usual else (second, first)  # the majority's order
-        waiters = sorted(rank for rank in cycle if rank not in culprits)
-        expected_call = _call_words(run, before)
+        expected, actual = _usual_call(run, before), _usual_call(run, after)
         return Finding(
             kind="order_mismatch", culprit_ranks=culprits, group=run.group(before[0]).name,
-            group_desc=run.group(before[0]).desc, seq=before[1],
-            expected={**(_described(run, before) or {}), "call": expected_call},
-            actual={**(_described(run, after) or {}), "call": _call_words(run, after)},
-            waiting_ranks=waiters, in_flight=True,
-            evidence=[f"{_ranks_text(culprits)} issued {_call_words(run, after)} before {expected_call}; "
+            group_desc=run.group(before[0]).desc, seq=before[1], expected=expected, actual=actual,
+            waiting_ranks=sorted(rank for rank in cycle if rank not in culprits), in_flight=True,
+            evidence=[f"{ranks_text(culprits)} issued {actual['call']} before {expected['call']}; "
                       f"{len(order) - len(culprits)} of the {len(order)} ranks in both groups issue them the "
                       "other way round, so each side waits for the other (deadlock)"])
     return None
 
 
-def _described(run: Run, place: tuple[int, int]) -> dict | None:
-    values = list(run.sequences[place[0]].values_at(place[1]).values())
-    return run.describe(max(set(values), key=values.count)) if values else None
-
-
-def _call_words(run: Run, place: tuple[int, int]) -> str:
-    described = _described(run, place)
-    return f"{described['op'] if described else 'call'} #{place[1]} of {run.group(place[0]).label}"
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+def _usual_call(run: Run, place: tuple[int, int]) -> dict:
+    """The call most members issued at a (group, seq), described, with its words in ``call``."""
+    group, seq = place
+    described = run.describe(run.sequences[group].usual_at(seq)) or {}
+    return {**described, "call": f"{described.get('op', 'call')} #{seq} of {run.group(group).label}"}
 
 
 def _legitimate(run: Run, position: Position) -> bool:
@@ -266,8 +256,7 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding
                        evidence=[f"rank {gap.waiter}'s {gap.op} (p2p #{gap.p2p_seq} of {group.label}) has no "
                                  f"counterpart posted by rank {rank}"])
     seqs = run.sequences[where.group]
-    values = list(seqs.values_at(where.seq).values())
-    expected = max(set(values), key=values.count) if values else None
+    expected = seqs.usual_at(where.seq)
     if rank not in run.dumped:
         later = completed_later(run, rank, where)
         if later is not None:  # it took part in a later call: it was alive and went past this one
@@ -278,7 +267,7 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding
                                f"after #{where.seq} of {group.label} in their program: it went past it"])
         # the ranks that left dumps disagree on that very call: their disagreement is the direct
         # evidence (a missing file cannot make them issue other calls), so it is ranked first
-        disputed = len(set(values)) > 1
+        disputed = len(set(seqs.values_at(where.seq).values())) > 1
         return Finding(kind="missing_dump", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                        seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
                        inferred=disputed,

@@ -78,6 +78,11 @@ class GroupSequences:
         at = self._at(seq)
         return dict(zip(self._rank[at].tolist(), self._value[at].tolist()))
 
+    def usual_at(self, seq: int) -> int | None:
+        """The value most members issued at ``seq`` (ties: the lowest value), None if nobody did."""
+        votes = Counter(self.values_at(seq).values())
+        return max(votes.items(), key=lambda kv: (kv[1], -kv[0]))[0] if votes else None
+
     def states_at(self, seq: int) -> dict[int, int]:
         at = self._at(seq)
         return dict(zip(self._rank[at].tolist(), self._state[at].tolist()))
