@@ -120,23 +120,34 @@ def _has_table(config, table: str) -> bool:
         con.close()
 
 
-def test_materializer_killed_mid_batch_ends_exact_after_restart(kafka_config):
+def test_materializer_killed_mid_batch_ends_exact_after_restart(kafka_config, tmp_path):
     config = kafka_config(**{"producer.batch_events": 500})
     emitted = produce(config, ranks=4, steps=25, events_per_step=2000)
     env = {**os.environ, **config_env(config)}
     rng = random.Random(7)
     partial_counts = []
-    for attempt in range(4):
-        # Two messages per transaction keeps the materializer busy for seconds, so each kill
-        # lands inside a transaction with work left to do.
-        process = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--no-serve-sql",
-                                    "--max-messages", "2"], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0 + rng.random())
+    delay_s = 1.0
+    # Kills land at a random point after the process has started; a kill that found nothing stored
+    # doubles the wait (a slow or busy machine), so some kill lands mid-run on any machine.
+    for attempt in range(8):
+        log = tmp_path / f"consume-{attempt}.log"
+        with log.open("w") as sink:
+            # Two messages per transaction keeps the materializer busy for seconds, so each kill
+            # lands inside a transaction with work left to do.
+            process = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--no-serve-sql",
+                                        "--max-messages", "2"], env=env,
+                                       stdout=subprocess.DEVNULL, stderr=sink)
+        started = time.monotonic() + 60
+        while not log.read_text() and process.poll() is None and time.monotonic() < started:
+            time.sleep(0.05)  # its first line is printed once its imports are done
+        time.sleep(delay_s * (0.5 + rng.random()))
         process.send_signal(signal.SIGKILL)
         process.wait()
-        if config.db_path.exists() and _has_table(config, "trace_events"):  # a kill before the schema leaves none
-            partial_counts.append(count(config))
+        stored = count(config) if config.db_path.exists() and _has_table(config, "trace_events") else 0
+        partial_counts.append(stored)  # a kill before the schema leaves no table
+        if 0 < stored < emitted and attempt >= 3:
+            break
+        delay_s = delay_s * 2 if stored == (partial_counts[-2] if attempt else 0) else delay_s
     print("counts after each kill:", partial_counts, "of", emitted)
     assert any(0 < n < emitted for n in partial_counts), partial_counts
     consume_once(config)
