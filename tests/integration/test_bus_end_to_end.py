@@ -21,6 +21,8 @@ from rankstream.producers.producer import Producer
 from rankstream.schemas import Stream, topic_for
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
+from tests.kills import kill_after_start
+
 from .conftest import cli
 
 pytestmark = pytest.mark.integration
@@ -130,19 +132,10 @@ def test_materializer_killed_mid_batch_ends_exact_after_restart(kafka_config, tm
     # Kills land at a random point after the process has started; a kill that found nothing stored
     # doubles the wait (a slow or busy machine), so some kill lands mid-run on any machine.
     for attempt in range(8):
-        log = tmp_path / f"consume-{attempt}.log"
-        with log.open("w") as sink:
-            # Two messages per transaction keeps the materializer busy for seconds, so each kill
-            # lands inside a transaction with work left to do.
-            process = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--no-serve-sql",
-                                        "--max-messages", "2"], env=env,
-                                       stdout=subprocess.DEVNULL, stderr=sink)
-        started = time.monotonic() + 60
-        while not log.read_text() and process.poll() is None and time.monotonic() < started:
-            time.sleep(0.05)  # its first line is printed once its imports are done
-        time.sleep(delay_s * (0.5 + rng.random()))
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        # Two messages per transaction keeps the materializer busy for seconds, so each kill
+        # lands inside a transaction with work left to do.
+        kill_after_start([sys.executable, "-m", "rankstream", "consume", "--no-serve-sql", "--max-messages", "2"],
+                         env, tmp_path / f"consume-{attempt}.log", delay_s * (0.5 + rng.random()))
         stored = count(config) if config.db_path.exists() and _has_table(config, "trace_events") else 0
         partial_counts.append(stored)  # a kill before the schema leaves no table
         if 0 < stored < emitted and attempt >= 3:

@@ -4,10 +4,8 @@ every event emitted ends up in DuckDB exactly once (rows, batch keys and offsets
 
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 
 import duckdb
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from rankstream.schemas.settings import config_env
 from rankstream.producers.producer import Producer
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
+from tests.kills import kill_after_start
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +30,7 @@ def _stored(db_path) -> int:
         con.close()
 
 
-def test_sigkilled_materializer_loses_and_repeats_nothing(kafka_config, long_mode):
+def test_sigkilled_materializer_loses_and_repeats_nothing(kafka_config, long_mode, tmp_path):
     config = kafka_config()
     job = SyntheticJob("crashy", world_size=4, steps=100, events_per_step=1000)
     emitted = 0
@@ -46,10 +45,8 @@ def test_sigkilled_materializer_loses_and_repeats_nothing(kafka_config, long_mod
     progress = []
     for round_number in range(kills):
         extra = ["--rebuild"] if round_number == kills // 2 else []
-        process = subprocess.Popen(command + extra, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.8, 2.5))  # the interpreter starts in about 0.8 s: kills land mid-stream
-        process.send_signal(signal.SIGKILL)
-        process.wait(10)
+        # kills land mid-stream: timed from the interpreter's first line, not from its start
+        kill_after_start(command + extra, env, tmp_path / f"consume-{round_number}.log", rng.uniform(0.1, 1.7))
         progress.append(_stored(config.db_path))
     # the kills landed while the backlog was being written, not all before or after it
     assert sum(0 < n < emitted for n in progress) >= 3, progress  # a fast machine drains it in a few rounds
