@@ -18,14 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from rankstream.flows.diagnosis.groups import PLACEHOLDER_DESC
 from rankstream.flows.diagnosis.matching import Disagreement, majority
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["decide", "siblings_of"]
-
-
-#: The description torch gives a group created without one: it names no role.
-PLACEHOLDER_DESC = "undefined"
 
 
 def siblings_of(seqs: GroupSequences, sequences: dict[int, GroupSequences]) -> list[GroupSequences]:

@@ -18,6 +18,7 @@ KINDS = (
     "order_mismatch",       # a rank issued two groups' calls in the reverse of its peers' order: a deadlock
     "deadlock",             # ranks wait for each other in a cycle across groups
     "stuck_in_collective",  # a rank is still in collective #N that every peer completed
+    "not_started",          # a rank enqueued #N, but its device never started it while its peers' did
     "skipped_collective",   # a rank never issued collective #N that its peers issued
     "extra_collective",     # a rank issued a collective its peers never issued
     "type_mismatch",        # at #N the ranks issued different collectives
@@ -31,8 +32,8 @@ KINDS = (
 )
 MISMATCH_KINDS = frozenset({"extra_collective", "type_mismatch", "size_mismatch", "dtype_mismatch",
                             "state_mismatch"})
-WAIT_KINDS = frozenset({"order_mismatch", "deadlock", "stuck_in_collective", "skipped_collective", "missing_dump",
-                        "dead_rank", "p2p_unmatched"})
+WAIT_KINDS = frozenset({"order_mismatch", "deadlock", "stuck_in_collective", "not_started", "skipped_collective",
+                        "missing_dump", "dead_rank", "p2p_unmatched"})
 
 
 @dataclass
@@ -114,6 +115,8 @@ _WHAT = {
     "order_mismatch": lambda f: f"issued {f.actual['call']} before {_numbered(f, f.expected)}, the reverse of its "
                                 "peers' order (deadlock)",
     "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
+    "not_started": lambda f: f"enqueued {_numbered(f, f.actual)} but never started it on the device, while "
+                             f"{'its' if len(f.culprit_ranks) == 1 else 'their'} peers did",
     "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
     "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",

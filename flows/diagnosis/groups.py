@@ -14,7 +14,10 @@ import numpy as np
 
 from rankstream.flows.diagnosis.entries import Entries
 
-__all__ = ["Group", "find_groups"]
+__all__ = ["Group", "find_groups", "PLACEHOLDER_DESC"]
+
+#: The description torch gives a group created without one: it names no role.
+PLACEHOLDER_DESC = "undefined"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,12 @@ class Group:
     members: tuple[int, ...]
     #: Whether the dumps listed the members (otherwise they were inferred from the entries).
     listed: bool
+
+    @property
+    def role(self) -> str:
+        """What the group is for, shared by the groups that play it on other ranks (tensor
+        parallel, data parallel): its description, or, when it has none, only itself."""
+        return self.desc if self.desc and self.desc != PLACEHOLDER_DESC else f"pg {self.name}"
 
     @property
     def label(self) -> str:

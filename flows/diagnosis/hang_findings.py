@@ -3,7 +3,8 @@
 In order: ranks stuck in a collective their peers completed; ranks waiting in a call the job does
 not issue there (an extra collective); ranks others wait for that went past the call (skipped
 it) or left no dump; the remaining sinks (a rank that never issued the call, with nothing to show
-where it went); cycles no sink explains (deadlocks).
+where it went, or one whose device never started a call its peers' devices started); cycles no
+sink explains (deadlocks).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from rankstream.flows.diagnosis.p2p import Mismatch
 from rankstream.flows.diagnosis.program_order import completed_later, first_in_program
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
-from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past, program_between,
-                                              waiting_positions)
+from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past,
+                                              gone_past_transfer, program_between, waiting_positions)
 
 __all__ = ["wait_graph", "hang_findings"]
 
@@ -65,6 +66,15 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
                 finding.inferred = True  # ranked after the findings with direct evidence
             findings.append(finding)
             settled.add(sink)
+    stalled: dict[Position, list[int]] = {}  # enqueued everywhere, started by its peers' devices, not by its own
+    for sink in graph.sinks():
+        behind = [e for e in graph.into(sink) if e.how == "behind"]
+        where = _unstarted_at(run, sink, behind) if sink not in settled and behind else None
+        if where is not None:
+            stalled.setdefault(where, []).append(sink)
+    for where, ranks in stalled.items():
+        findings.append(_not_started(run, graph, where, ranks))
+        settled |= set(ranks)
     for mismatch in run.p2p.mismatched:
         findings.append(_p2p_mismatch(run, mismatch))
         settled |= {mismatch.send.waiter, mismatch.recv.waiter}
@@ -148,7 +158,8 @@ def _legitimate(run: Run, position: Position) -> bool:
         return False
     if family and len(seqs.values_at(position.seq)) == 1:
         peers = [m for m in seqs.group.members if m != position.rank and m in run.dumped]
-        return shift_origin(run.calls, position.rank, position.group, peers=peers, before=position.seq) is None
+        return shift_origin(run.calls, position.rank, position.group, peers=peers, before=position.seq,
+                            roles=run.roles) is None
     return True
 
 
@@ -170,7 +181,13 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
     for edges in graph.edges.values():
         for edge in edges:
             if edge.how != "absent" or edge.target not in run.dumped or edge.target in settled \
-                    or edge.waiter.rank in settled or edge.waiter.seq <= 0:
+                    or edge.waiter.rank in settled:
+                continue
+            if edge.waiter.seq < 0:  # a send or receive the target never posted
+                gap = _gap_of(run, edge)
+                if gone_past_transfer(run.entries, edge.target, peer=gap.waiter, group=gap.group,
+                                      op="recv" if gap.op == "send" else "send"):
+                    found.setdefault(edge.target, []).append(edge)
                 continue
             where = (edge.waiter.group, edge.waiter.seq)
             if where not in references:
@@ -178,6 +195,12 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
             if gone_past(edge, run.calls, group_desc, reference=references[where]):
                 found.setdefault(edge.target, []).append(edge)
     return found
+
+
+def _gap_of(run: Run, edge: Edge):
+    """The unfinished transfer a p2p ``absent`` edge stands for."""
+    return next(g for g in run.p2p.unmatched if g.waiter == edge.waiter.rank and g.peer == edge.target
+                and g.group == edge.waiter.group and g.p2p_seq == -edge.waiter.seq)
 
 
 def _program_between(run: Run, group_desc: dict[int, str], group: int, seq: int) -> Counter:
@@ -208,6 +231,50 @@ def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
                                                  if went_on else []))
 
 
+def _unstarted_at(run: Run, rank: int, edges: list[Edge]) -> Position | None:
+    """Where the device of a rank its peers wait for stopped: the first of those calls in its own
+    order, when everything it enqueued before completed (its stream is held by work the Flight
+    Recorder does not record). None when an earlier entry of its own is unfinished (a send or
+    receive still waiting for its peer, say): it waits there, and the hang's root is elsewhere."""
+    where = min((e.waiter for e in edges), key=lambda p: _record_of(run, rank, p))
+    if _oldest_unfinished_record(run, rank) < _record_of(run, rank, where):
+        return None
+    return Position(-1, where.group, where.seq)
+
+
+def _not_started(run: Run, graph: WaitGraph, where: Position, ranks: list[int]) -> Finding:
+    """Ranks whose devices never started a call their peers' devices started, though they enqueued it."""
+    seqs = run.sequences[where.group]
+    states = seqs.states_at(where.seq)
+    inside = sorted(rank for rank, state in states.items() if state == 1)
+    value = seqs.values_at(where.seq)[ranks[0]]
+    they = ranks_text(ranks)
+    return Finding(
+        kind="not_started", culprit_ranks=sorted(ranks), group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=where.seq, expected=run.describe(value), actual=run.describe(value),
+        waiting_ranks=sorted(graph.upstream(set(ranks))), in_flight=True, evidence=[
+            f"{ranks_text(inside)} started #{where.seq} of {seqs.group.label}; {they} enqueued it, but "
+            + ("its entry is still scheduled: its device never started it" if len(ranks) == 1 else
+               "their entries are still scheduled: their devices never started it"),
+            f"everything {they} enqueued before it completed: the stream is held by work the Flight Recorder does "
+            "not record (a kernel that does not finish, a wait on another stream)",
+            "a dump taken while the job ran normally can catch a device a moment behind; the live watch records "
+            "this only once the ranks stopped making progress"])
+
+
+def _record_of(run: Run, rank: int, position: Position) -> int:
+    calls = run.calls
+    rows = np.flatnonzero((calls.rank == rank) & (calls.group == position.group) & (calls.seq == position.seq))
+    return int(calls.record[rows].min())
+
+
+def _oldest_unfinished_record(run: Run, rank: int) -> int:
+    """The record id of the rank's oldest unfinished entry of any kind (collective or p2p)."""
+    entries = run.entries
+    unfinished = entries.record[(entries.rank == rank) & (entries.state < 2)]
+    return int(unfinished.min()) if len(unfinished) else 2**62
+
+
 def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding:
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq)[rank]
@@ -227,7 +294,7 @@ def _origin(run: Run, rank: int, seqs: GroupSequences, hang_seq: int,
     """Where the rank's shift began, when long before the hang (see ``origin``), and the stretch
     when its calls there are all alike (the dumps cannot tell which one it was)."""
     peers = [m for m in seqs.group.members if m != rank and m in run.dumped]
-    stretch = shift_origin(run.calls, rank, seqs.group.code, peers=peers, before=hang_seq)
+    stretch = shift_origin(run.calls, rank, seqs.group.code, peers=peers, before=hang_seq, roles=run.roles)
     if stretch is None:
         return hang_seq, None
     first, last = stretch
@@ -250,11 +317,13 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding
     if where.seq < 0:
         gap = next(g for g in run.p2p.unmatched if g.waiter == where.rank and g.peer == rank)
         kind = "p2p_unmatched" if rank in run.dumped else "missing_dump"
+        now = [p for p in graph.waiting if p.rank == rank]
         return Finding(kind=kind, culprit_ranks=[rank], group=group.name, group_desc=group.desc, seq=-where.seq,
                        expected={"op": "recv" if gap.op == "send" else "send", "peer": gap.waiter},
                        waiting_ranks=waiting, in_flight=True,
                        evidence=[f"rank {gap.waiter}'s {gap.op} (p2p #{gap.p2p_seq} of {group.label}) has no "
-                                 f"counterpart posted by rank {rank}"])
+                                 f"counterpart posted by rank {rank}"]
+                       + ([f"rank {rank} went on: it is now in {place_of(run, now[0])}"] if now else []))
     seqs = run.sequences[where.group]
     expected = seqs.usual_at(where.seq)
     if rank not in run.dumped:

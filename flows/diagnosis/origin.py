@@ -18,26 +18,41 @@ from rankstream.flows.diagnosis.calls import Calls
 __all__ = ["shift_origin"]
 
 
-def _gaps(calls: Calls, rank: int, group: int) -> dict[int, int]:
-    """seq -> how many calls of other groups the rank made between its previous call of
+def _gaps(calls: Calls, rank: int, group: int, counted: np.ndarray) -> dict[int, int]:
+    """seq -> how many calls of the ``counted`` groups the rank made between its previous call of
     ``group`` and this one."""
     rows = np.flatnonzero(calls.rank == rank)
     rows = rows[np.argsort(calls.record[rows])]
-    in_group = calls.group[rows] == group
-    positions = np.flatnonzero(in_group)
+    groups = calls.group[rows]
+    kept = (groups == group) | np.isin(groups, counted)
+    rows, groups = rows[kept], groups[kept]
+    positions = np.flatnonzero(groups == group)
     seqs = calls.seq[rows][positions]
     return {int(seq): int(position - previous - 1)
             for seq, position, previous in zip(seqs[1:], positions[1:], positions[:-1])}
 
 
-def shift_origin(calls: Calls, rank: int, group: int, *, peers: list[int], before: int) -> tuple[int, int] | None:
+def _roles_of(calls: Calls, rank: int, roles: dict[int, str]) -> dict[int, str]:
+    """The groups the rank issued calls in: code -> role."""
+    return {code: roles[code] for code in np.unique(calls.group[calls.rank == rank]).tolist()}
+
+
+def shift_origin(calls: Calls, rank: int, group: int, *, peers: list[int], before: int,
+                 roles: dict[int, str]) -> tuple[int, int] | None:
     """The stretch ``(first, last)`` of ``rank``'s calls of ``group`` in which they stopped lining up
-    with its peers' program, if that is before ``before``; None when they line up throughout."""
-    mine = _gaps(calls, rank, group)
+    with its peers' program, if that is before ``before``; None when they line up throughout.
+    ``roles``: group code -> role. Only the calls of roles both sides play are counted: a peer's
+    calls in a group the rank has no part in say nothing of the rank's program."""
+    mine_by_group = _roles_of(calls, rank, roles)
+    mine: dict[int, int] = {}
     reference: dict[int, int] = {}
     for peer in peers:
-        for seq, gap in _gaps(calls, peer, group).items():
-            reference[seq] = max(reference.get(seq, 0), gap)
+        theirs_by_group = _roles_of(calls, peer, roles)
+        shared = set(mine_by_group.values()) & set(theirs_by_group.values())
+        for side, by_group, gaps in ((rank, mine_by_group, mine), (peer, theirs_by_group, reference)):
+            counted = np.array([code for code, role in by_group.items() if role in shared and code != group])
+            for seq, gap in _gaps(calls, side, group, counted).items():
+                gaps[seq] = max(gaps.get(seq, 0), gap)
     for seq in sorted(set(mine) & set(reference)):
         if seq >= before:
             return None

@@ -26,6 +26,8 @@ class Run:
         self.sequences: dict[int, GroupSequences] = split_by_group(self.calls, self.groups)
         self.stateless = stateless_ranks(entries)
         self.p2p: Pairing = pair_p2p(entries)
+        #: group code -> its role (``Group.role``): what sibling groups on other ranks share.
+        self.roles = {code: group.role for code, group in self.groups.items()}
 
     def describe(self, value: int | None) -> dict | None:
         if value is None:

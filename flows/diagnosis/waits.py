@@ -12,7 +12,9 @@ round a cycle. A cycle is not always a deadlock: a rank that skipped a collectiv
 later one (the step's barrier) and wait there for the very peers that wait for it. What tells
 them apart is program order: the rank that skipped has *gone past* the call it was waited in
 (after its previous call in that group it issued more than the waiter issued before that call),
-while in a deadlock each rank waits in a call it reached in order.
+while in a deadlock each rank waits in a call it reached in order. A rank waited for in a send or
+receive it never posted has gone past it when, since its last transfer of that kind with that
+peer, it issued more collective calls than it ever issued between two of them.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rankstream.flows.diagnosis.calls import Calls
+from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
-__all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph"]
+__all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
+           "gone_past_transfer"]
 
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 
@@ -206,3 +210,30 @@ def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: 
     after = target_rows[calls.record[target_rows] > calls.record[in_group].max()]
     theirs = Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in after)
     return any(count > reference.get(kind, 0) for kind, count in theirs.items())
+
+
+def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op: str) -> bool:
+    """Whether ``rank``, waited for in a ``op`` (send or recv) with ``peer`` it never posted, went
+    past it: after its last such transfer it issued collective calls of some group and op more
+    often than between any two of its earlier ones (see the module docstring)."""
+    if op not in entries.vocabulary.ops:
+        return False
+    code = entries.vocabulary.ops.index(op)
+    rows = np.flatnonzero(entries.rank == rank)
+    rows = rows[np.argsort(entries.record[rows], kind="stable")]
+    mine = (entries.is_p2p[rows] & (entries.op[rows] == code) & (entries.peer[rows] == peer)
+            & (entries.group[rows] == group))
+    marks = np.flatnonzero(mine)
+    if len(marks) < 2:
+        return False  # no earlier stretch between two transfers to compare with
+    collective = ~entries.is_p2p[rows]
+    keys = [(int(g), int(o)) for g, o in zip(entries.group[rows].tolist(), entries.op[rows].tolist())]
+
+    def between(lo: int, hi: int) -> Counter:
+        return Counter(keys[i] for i in range(lo + 1, hi) if collective[i])
+
+    reference: Counter = Counter()
+    for lo, hi in zip(marks[:-1].tolist(), marks[1:].tolist()):
+        reference |= between(lo, hi)
+    since = between(int(marks[-1]), len(rows))
+    return any(count > reference.get(key, 0) for key, count in since.items())

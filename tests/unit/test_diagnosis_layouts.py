@@ -333,3 +333,68 @@ def test_an_all_to_all_s_uneven_splits_are_not_a_mismatch_but_another_dtype_is(d
     assert diagnose_through(door, all_to_all_job(8)).findings == []
     half = diagnose_through(door, all_to_all_job(8, half_rank=1)).root
     assert (half.kind, half.culprit_ranks, half.seq) == ("dtype_mismatch", [1], 8)
+
+
+def device_stall_job(steps: int, *, stalled: tuple[int, ...], ahead: int = 0) -> dict[int, list[dict]]:
+    """Four ranks all_reducing; in the last call, every device but the ``stalled`` ranks' started
+    it (NCCL marks an entry started when its kernel starts). ``ahead``: calls the stalled ranks'
+    CPUs enqueued after it, which their devices never reached either."""
+    job = Groups({GROUP[0]: [0, 1, 2, 3]}, desc=GROUP[1])
+    for step in range(steps):
+        last = step == steps - 1
+        for rank in range(4):
+            job.call(rank, GROUP[0], state=("scheduled" if rank in stalled else "started") if last else "completed")
+    for rank in stalled:
+        for _ in range(ahead):
+            job.call(rank, GROUP[0], state="scheduled")
+    return job.entries
+
+
+@pytest.mark.parametrize("door", ["entries", "arrow", "stored"])
+def test_a_device_that_never_starts_a_call_its_peers_started_is_the_root_cause(door):
+    """Its CPU enqueued the call, so nothing is missing from the sequence; only the states tell
+    that its peers' kernels run and wait while its own never started."""
+    assert diagnose_through(door, device_stall_job(10, stalled=())).verdict == "healthy"  # all inside: a snapshot
+    for stalled, ahead in (((2,), 0), ((2,), 2), ((1, 3), 1)):
+        result = diagnose_through(door, device_stall_job(10, stalled=stalled, ahead=ahead))
+        assert (result.verdict, result.root.kind, result.root.culprit_ranks, result.root.seq) == (
+            "hang", "not_started", list(stalled), 10)
+        assert result.root.waiting_ranks == sorted({0, 1, 2, 3} - set(stalled))
+        assert len(result.findings) == 1
+
+
+def test_a_rank_whose_device_waits_in_an_earlier_call_of_another_group_is_not_the_root():
+    """Rank 3's device never started the dp call its dp peers started, but its earlier pp call is
+    started and waits for rank 4, which skipped it: rank 4 is the root, and the dp ranks wait too."""
+    job = Groups({"dp": [0, 1, 2, 3], "pp": [3, 4]})
+    for step in range(6):
+        last = step == 5
+        for rank in (3, 4):
+            if not (last and rank == 4):
+                job.call(rank, "pp", state="started" if last else "completed")
+        for rank in range(4):
+            job.call(rank, "dp", state=("scheduled" if rank == 3 else "started") if last else "completed")
+    result = job.diagnosis()
+    assert (result.root.kind, result.root.culprit_ranks, result.root.seq) == ("skipped_collective", [4], 6)
+    assert result.root.waiting_ranks == [0, 1, 2, 3]
+    # rank 3's own order decides where its device stopped: at the pp call it enqueued first
+    job.entries[3][-2]["state"] = "scheduled"
+    job.entries[4].append({**job.entries[3][-2], "record_id": len(job.entries[4])})
+    job.entries[4][-1]["state"] = "started"
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group, root.seq) == ("not_started", [3], "pp", 6)
+
+
+def test_a_rank_waiting_in_a_transfer_is_not_the_root_although_its_device_never_started_the_next_call():
+    """The receiving stage's device is held by its receive, whose send was never posted: the
+    missing send is the root, not the all_reduce the receiver's device has not reached."""
+    programs = {rank: Program() for rank in (0, 1)}
+    for step in range(6):
+        last = step == 5
+        if not last:
+            programs[0].send_recv(["send 0->1"])
+        programs[1].send_recv(["recv 1<-0"], states=["started" if last else "completed"])
+        programs[0].collective(state="started" if last else "completed")
+        programs[1].collective(state="scheduled" if last else "completed")
+    root = diagnosis(programs).root
+    assert (root.kind, root.culprit_ranks) == ("p2p_unmatched", [0])

@@ -140,11 +140,12 @@ def test_stragglers_need_lateness_beyond_the_noise():
 
 def test_a_shifted_stretch_is_found_where_it_began():
     vocabulary = Vocabulary()
-    def program(rank, skip):
+    def program(rank, skip, tensor_parallel=True):
         rows, record, dp_seq = [], 0, 0
         for step in range(6):
-            rows.append(entry(record, ("1", "tp"), step + 1, "all_gather"))
-            record += 1
+            if tensor_parallel:
+                rows.append(entry(record, ("1", "tp"), step + 1, "all_gather"))
+                record += 1
             for bucket in range(2):
                 if skip and step == 3 and bucket == 0:
                     continue
@@ -152,11 +153,16 @@ def test_a_shifted_stretch_is_found_where_it_began():
                 rows.append(entry(record, ("2", "dp"), dp_seq, "all_reduce"))
                 record += 1
         return from_dump_entries(rows, rank, {}, vocabulary=vocabulary)
-    entries = concatenate([program(0, False), program(1, True)], vocabulary)
+    entries = concatenate([program(0, False), program(1, True), program(2, False, tensor_parallel=False)],
+                          vocabulary)
     calls = collective_calls(entries)
     dp = vocabulary.groups.index(("2", "dp"))
-    assert shift_origin(calls, 1, dp, peers=[0], before=20) == (7, 7)
-    assert shift_origin(calls, 0, dp, peers=[0], before=20) is None
+    roles = {code: desc for code, (_, desc) in enumerate(vocabulary.groups)}
+    assert shift_origin(calls, 1, dp, peers=[0], before=20, roles=roles) == (7, 7)
+    assert shift_origin(calls, 0, dp, peers=[0], before=20, roles=roles) is None
+    # rank 2 plays no tensor-parallel role: its peer's all_gathers between the all_reduces are no
+    # part of its program, so nothing in its calls is shifted
+    assert shift_origin(calls, 2, dp, peers=[0], before=20, roles=roles) is None
 
 
 def test_a_group_nobody_listed_gets_the_member_that_left_no_dump():
