@@ -34,6 +34,10 @@ def wait_graph(run: Run) -> WaitGraph:
         position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
         graph.waiting.append(position)
         graph.add(Edge(position, gap.peer, "absent"))
+    for waiting, behind in run.p2p.behind:
+        position = Position(waiting.waiter, waiting.group, -waiting.p2p_seq)
+        graph.waiting.append(position)
+        graph.add(Edge(position, behind.waiter, "behind"))
     return graph
 
 
@@ -236,7 +240,10 @@ def _unstarted_at(run: Run, rank: int, edges: list[Edge]) -> Position | None:
     order, when everything it enqueued before completed (its stream is held by work the Flight
     Recorder does not record). None when an earlier entry of its own is unfinished (a send or
     receive still waiting for its peer, say): it waits there, and the hang's root is elsewhere."""
-    where = min((e.waiter for e in edges), key=lambda p: _record_of(run, rank, p))
+    collectives = [e.waiter for e in edges if e.waiter.seq > 0]  # a transfer not started: see p2p.py
+    if not collectives:
+        return None
+    where = min(collectives, key=lambda p: _record_of(run, rank, p))
     if _oldest_unfinished_record(run, rank) < _record_of(run, rank, where):
         return None
     return Position(-1, where.group, where.seq)

@@ -20,7 +20,7 @@ the collective of that number (torch's ``fr_trace`` pairs it the same way, by p2
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Iterator
 
@@ -48,6 +48,8 @@ class Transfer:
     dtype: int
     #: Posted with others in one ``batch_isend_irecv``: the batch starts as a whole.
     batched: bool
+    #: Its kernel started (NCCL): it is on the device, waiting for its counterpart.
+    started: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class Pairing:
     #: Transfers that cannot complete: no counterpart posted, or crossed with it (``_crossed``).
     unmatched: list[Transfer]
     mismatched: list[Mismatch]
+    #: (waiting, behind): a started transfer and its counterpart, posted but not started (the
+    #: peer's device is still in something earlier).
+    behind: list[tuple[Transfer, Transfer]] = field(default_factory=list)
 
 
 def mark_batch_closes(entries: Entries) -> None:
@@ -95,7 +100,7 @@ def pair_p2p(entries: Entries) -> Pairing:
     left = _left_over(streams)
     ordered = list(_in_stream_order(streams, _pairs_of(left)))
     unmatched = sorted(left + _crossed(ordered), key=lambda t: (t.group, t.p2p_seq, t.waiter))
-    return Pairing(unmatched, _mismatched(entries, ordered))
+    return Pairing(unmatched, _mismatched(entries, ordered), _behind(ordered))
 
 
 def unmatched_p2p(entries: Entries) -> list[Transfer]:
@@ -159,6 +164,16 @@ def _mismatched(entries: Entries, ordered: list[list[tuple[Transfer, Transfer]]]
     return found
 
 
+def _behind(ordered: list[list[tuple[Transfer, Transfer]]]) -> list[tuple[Transfer, Transfer]]:
+    """Pairs before any crossing where one side started and its counterpart did not."""
+    found = []
+    for pairs in ordered:
+        for mine, theirs in pairs[:_first_crossing(pairs)]:
+            if mine.started != theirs.started:
+                found.append((mine, theirs) if mine.started else (theirs, mine))
+    return found
+
+
 def _unfinished_by_stream(entries: Entries) -> dict[tuple[int, int, int], list[Transfer]]:
     """(group, rank, peer) -> the rank's unfinished sends to and receives from the peer, in the
     order it posted them: NCCL runs a rank's transfers with one peer on one stream, in that order."""
@@ -173,7 +188,8 @@ def _unfinished_by_stream(entries: Entries) -> dict[tuple[int, int, int], list[T
     for row, in_batch in zip(rows.tolist(), batched.tolist()):
         transfer = Transfer(int(entries.rank[row]), int(entries.peer[row]), int(entries.group[row]),
                             int(entries.p2p_seq[row]), ops[entries.op[row]], int(entries.record[row]),
-                            int(entries.created[row]), int(entries.shape[row]), int(entries.dtype[row]), in_batch)
+                            int(entries.created[row]), int(entries.shape[row]), int(entries.dtype[row]), in_batch,
+                            bool(entries.state[row] == 1))
         streams.setdefault((transfer.group, transfer.waiter, transfer.peer), []).append(transfer)
     return streams
 

@@ -231,6 +231,16 @@ class Groups:
                      "output_sizes": [[size]], "input_dtypes": [dtype], "output_dtypes": [dtype], "state": state,
                      "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
 
+    def transfer(self, rank: int, group: str, name: str, *, state: str = "completed") -> None:
+        """A send or receive (``send 0->1``: group-local ranks), numbered by the group's p2p count."""
+        p2p_seq = self.seqs[rank, group, "p2p"] = self.seqs.get((rank, group, "p2p"), 0) + 1
+        rows = self.entries[rank]
+        rows.append({"record_id": len(rows), "process_group": (group, self.desc),
+                     "collective_seq_id": self.seqs.get((rank, group), 0), "p2p_seq_id": p2p_seq,
+                     "profiling_name": f"nccl:{name}", "input_sizes": [[8]], "output_sizes": [[8]],
+                     "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": state, "time_created_ns": 0,
+                     "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
+
     def diagnosis(self, *, without: int | None = None):
         vocabulary = Vocabulary()
         parts = [from_dump_entries(rows, rank, self.members, vocabulary=vocabulary)
@@ -398,3 +408,22 @@ def test_a_rank_waiting_in_a_transfer_is_not_the_root_although_its_device_never_
         programs[1].collective(state="scheduled" if last else "completed")
     root = diagnosis(programs).root
     assert (root.kind, root.culprit_ranks) == ("p2p_unmatched", [0])
+
+
+def test_ranks_whose_transfers_wait_on_a_stage_stuck_behind_the_culprit_are_counted_as_waiting():
+    """Two pipeline stages (ranks 0, 1 then 2, 3), each with its own tensor-parallel group. Rank 3
+    skips a tp all_reduce, so rank 2 waits in it; both stage-1 ranks enqueued their sends of the
+    step, which their devices never reach; stage 0's receives started and wait for them."""
+    job = Groups({"tp0": [0, 1], "tp1": [2, 3], "pp0": [0, 2], "pp1": [1, 3]})
+    for step in range(6):
+        last = step == 5
+        for rank, tp, pp, recv in ((0, "tp0", "pp0", "recv 0<-1"), (1, "tp0", "pp1", "recv 0<-1")):
+            job.call(rank, tp)
+            job.transfer(rank, pp, recv, state="started" if last else "completed")
+        for rank, tp, pp in ((2, "tp1", "pp0"), (3, "tp1", "pp1")):
+            if not (last and rank == 3):
+                job.call(rank, tp, state="started" if last else "completed")
+            job.transfer(rank, pp, "send 1->0", state="scheduled" if last else "completed")
+    result = job.diagnosis()
+    assert (result.root.kind, result.root.culprit_ranks, result.root.group) == ("skipped_collective", [3], "tp1")
+    assert result.root.waiting_ranks == [0, 1, 2]
