@@ -19,6 +19,7 @@ KINDS = (
     "deadlock",             # ranks wait for each other in a cycle across groups
     "stuck_in_collective",  # a rank is still in collective #N that every peer completed
     "not_started",          # a rank enqueued #N, but its device never started it while its peers' did
+    "stalled_collective",   # every member of a group is inside #N and none completed it; others wait for them
     "skipped_collective",   # a rank never issued collective #N that its peers issued
     "extra_collective",     # a rank issued a collective its peers never issued
     "type_mismatch",        # at #N the ranks issued different collectives
@@ -32,8 +33,8 @@ KINDS = (
 )
 MISMATCH_KINDS = frozenset({"extra_collective", "type_mismatch", "size_mismatch", "dtype_mismatch",
                             "state_mismatch"})
-WAIT_KINDS = frozenset({"order_mismatch", "deadlock", "stuck_in_collective", "not_started", "skipped_collective",
-                        "missing_dump", "dead_rank", "p2p_unmatched"})
+WAIT_KINDS = frozenset({"order_mismatch", "deadlock", "stuck_in_collective", "not_started", "stalled_collective",
+                        "skipped_collective", "missing_dump", "dead_rank", "p2p_unmatched"})
 
 
 @dataclass
@@ -117,6 +118,7 @@ _WHAT = {
     "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
     "not_started": lambda f: f"enqueued {_numbered(f, f.actual)} but never started it on the device, while "
                              f"{'its' if len(f.culprit_ranks) == 1 else 'their'} peers did",
+    "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
     "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
     "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",

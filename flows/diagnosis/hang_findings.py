@@ -70,15 +70,9 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
                 finding.inferred = True  # ranked after the findings with direct evidence
             findings.append(finding)
             settled.add(sink)
-    stalled: dict[Position, list[int]] = {}  # enqueued everywhere, started by its peers' devices, not by its own
-    for sink in graph.sinks():
-        behind = [e for e in graph.into(sink) if e.how == "behind"]
-        where = _unstarted_at(run, sink, behind) if sink not in settled and behind else None
-        if where is not None:
-            stalled.setdefault(where, []).append(sink)
-    for where, ranks in stalled.items():
-        findings.append(_not_started(run, graph, where, ranks))
-        settled |= set(ranks)
+    held = _held_sinks(run, graph, settled)
+    findings += held
+    settled |= {rank for finding in held for rank in finding.culprit_ranks}
     for mismatch in run.p2p.mismatched:
         findings.append(_p2p_mismatch(run, mismatch))
         settled |= {mismatch.send.waiter, mismatch.recv.waiter}
@@ -233,6 +227,57 @@ def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
         evidence=[f"every other member of {seqs.group.label} completed #{position.seq}; rank {position.rank}'s "
                   f"entry is still {state}"] + ([f"rank {position.rank} enqueued later calls of the group"]
                                                  if went_on else []))
+
+
+def _held_sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
+    """The ranks others wait for only because their devices have not started the call (behind),
+    whose own entries show no one to wait for: either their device never started it although
+    everything before completed (``not_started``), or it is inside a call that every member of
+    its group started and none completed (``stalled_collective``). One finding per call."""
+    unstarted: dict[Position, list[int]] = {}
+    inside: set[Position] = set()
+    for sink in graph.sinks():
+        behind = [e for e in graph.into(sink) if e.how == "behind"]
+        if sink in settled or not behind:
+            continue
+        where = _unstarted_at(run, sink, behind)
+        if where is not None:
+            unstarted.setdefault(where, []).append(sink)
+        elif (stalled := _all_inside(run, sink)) is not None:
+            inside.add(stalled)
+    return ([_not_started(run, graph, where, ranks) for where, ranks in unstarted.items()]
+            + [_stalled(run, graph, where) for where in sorted(inside, key=lambda p: (p.group, p.seq))])
+
+
+def _all_inside(run: Run, rank: int) -> Position | None:
+    """The rank's oldest unfinished entry, when it is a collective that every member of its group
+    started and none completed."""
+    entries = run.entries
+    rows = np.flatnonzero((entries.rank == rank) & (entries.state < 2))
+    if not len(rows):
+        return None
+    row = int(rows[np.argmin(entries.record[rows])])
+    if entries.is_p2p[row] or entries.state[row] != 1:
+        return None
+    where = Position(-1, int(entries.group[row]), int(entries.seq[row]))
+    seqs = run.sequences.get(where.group)
+    if seqs is None:
+        return None
+    states = seqs.states_at(where.seq)
+    members = seqs.group.members
+    return where if all(states.get(m) == 1 for m in members) and not set(members) & run.stateless else None
+
+
+def _stalled(run: Run, graph: WaitGraph, where: Position) -> Finding:
+    seqs = run.sequences[where.group]
+    members = list(seqs.group.members)
+    return Finding(
+        kind="stalled_collective", culprit_ranks=members, group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=where.seq, expected=run.describe(seqs.usual_at(where.seq)), actual=run.describe(seqs.usual_at(where.seq)),
+        waiting_ranks=sorted(graph.upstream(set(members))), in_flight=True, evidence=[
+            f"every member of {seqs.group.label} ({ranks_text(members)}) started #{where.seq} and none completed it",
+            "nothing in the Flight Recorder shows a member missing, behind or at odds: the fault is below it (the "
+            "network, NCCL, or a device)"])
 
 
 def _unstarted_at(run: Run, rank: int, edges: list[Edge]) -> Position | None:

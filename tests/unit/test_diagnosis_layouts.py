@@ -427,3 +427,34 @@ def test_ranks_whose_transfers_wait_on_a_stage_stuck_behind_the_culprit_are_coun
     result = job.diagnosis()
     assert (result.root.kind, result.root.culprit_ranks, result.root.group) == ("skipped_collective", [3], "tp1")
     assert result.root.waiting_ranks == [0, 1, 2]
+
+
+def pair_inside_job(*, rank3_done: bool = False) -> Groups:
+    """Tensor-parallel pairs (0, 1) and (2, 3), data-parallel pairs (0, 2) and (1, 3); four tp
+    calls, then one dp call per step. In the last step ranks 2 and 3 both started their third tp
+    call and it never completes (``rank3_done``: rank 3 completed it); their CPUs enqueued the rest
+    of the step. Ranks 0 and 1 finished their tp calls and wait in the dp call."""
+    job = Groups({"tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3]}, desc="tp")
+    for step in range(5):
+        last = step == 4
+        for rank in range(4):
+            tp, dp = ("tp0", "tp1")[rank // 2], ("dp0", "dp1")[rank % 2]
+            for call in range(4):
+                if not last or rank < 2 or call < 2 or (rank3_done and rank == 3 and call == 2):
+                    state = "completed"
+                else:
+                    state = "started" if call == 2 else "scheduled"
+                job.call(rank, tp, state=state)
+            job.call(rank, dp, state=("started" if rank < 2 else "scheduled") if last else "completed")
+    return job
+
+
+def test_a_pair_inside_a_call_that_never_completes_holds_up_the_ranks_that_wait_for_it():
+    """Nothing in the dumps shows either member missing, behind or at odds: the fault is below the
+    Flight Recorder, and the pair is named (not healthy, not a skip)."""
+    result = pair_inside_job().diagnosis()
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks, result.root.group, result.root.seq) == (
+        "hang", "stalled_collective", [2, 3], "tp1", 19)
+    assert result.root.waiting_ranks == [0, 1]
+    root = pair_inside_job(rank3_done=True).diagnosis().root  # one member completed it: the other is at fault
+    assert (root.kind, root.culprit_ranks, root.seq) == ("state_mismatch", [2], 19)
