@@ -6,8 +6,9 @@ so a rank that coalesced other ops disagrees with its peers like any other call.
 entries are not calls (``p2p`` pairs them instead).
 
 A rank's ring buffer keeps its newest entries: once it has wrapped (its oldest record is not 0),
-the coalesced call holding its oldest entry may have lost its first members. Such a call is taken
-to be what its peers issued there; judged as it stands, a healthy rank would look desynced.
+the coalesced call holding its oldest entry may have lost its first members, or all of them (a
+lone close). Such a call is taken to be what its peers issued there; judged as it stands, a
+healthy rank would look desynced.
 """
 
 from __future__ import annotations
@@ -74,14 +75,14 @@ def collective_calls(entries: Entries) -> Calls:
     op_of, shape_of = np.divmod(rest, shapes)
     parts = np.stack([op_of, shape_of, dtype_of], axis=1)
     if len(starts) == len(part):  # one entry per call (nothing coalesced): the gathered columns as they are
-        return Calls(group=group, seq=seq, rank=rank, op=op, shape=shape, dtype=dtype, value=value,
-                     state=part.state, created=part.created, record=part.record, parts=parts)
-    calls = Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
-                  value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
-                  created=part.created[starts],
-                  record=part.record[starts], parts=parts)
-    _assume_cut_calls_agree(calls, oldest, coalesced=np.flatnonzero(np.isin(
-        op_of, [code for code, name in enumerate(part.vocabulary.ops) if name.startswith("coalesced(")])))
+        calls = Calls(group=group, seq=seq, rank=rank, op=op, shape=shape, dtype=dtype, value=value,
+                      state=part.state, created=part.created, record=part.record, parts=parts)
+    else:
+        calls = Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
+                      value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
+                      created=part.created[starts], record=part.record[starts], parts=parts)
+    coalesced = [code for code, name in enumerate(part.vocabulary.ops) if name.startswith("coalesced")]
+    _assume_cut_calls_agree(calls, oldest, coalesced=np.flatnonzero(np.isin(op_of, coalesced)))
     return calls
 
 

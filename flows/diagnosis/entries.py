@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state", "p2p_peers",
+__all__ = ["Entries", "Vocabulary", "STATES", "from_dump_entries", "concatenate", "recoded", "parse_op", "folded_state", "fold_close_states", "p2p_peers",
            "dtypes_used"]
 
 #: Entry states in progress order; a missing or unknown state counts as scheduled.
@@ -155,6 +155,31 @@ def _lenient(entry: Any) -> tuple:
 def folded_state(state: np.ndarray, started: np.ndarray, completed: np.ndarray) -> np.ndarray:
     """The state, raised to started or completed where torch recorded that time."""
     return np.maximum(state, np.where(completed > 0, 2, np.where(started > 0, 1, 0)).astype(np.int8))
+
+
+def fold_close_states(entries: Entries) -> None:
+    """Give the members of each coalesced block the state of the ``coalesced`` entry that closes it.
+
+    torch records the members of a ``batch_isend_irecv`` or of coalesced collectives without
+    events of their own: they stay ``scheduled`` forever, and only the close, recorded right after
+    them (same rank and group, the members' p2p number or collective number), carries the block's
+    state. A block is one call: its members started and completed when the close did."""
+    ops = entries.vocabulary.ops
+    if "coalesced" not in ops or not len(entries):
+        return
+    order = np.lexsort((entries.record, entries.rank))
+    rank, group = entries.rank[order], entries.group[order]
+    p2p, close = entries.is_p2p[order], entries.op[order] == ops.index("coalesced")
+    key = np.where(p2p, entries.p2p_seq[order], entries.seq[order])
+    # a close takes the key of the block before it: its p2p number after sends and receives
+    previous_p2p = np.r_[False, p2p[:-1]]
+    key = np.where(close & previous_p2p, entries.p2p_seq[order], key)
+    same = np.r_[False, (rank[1:] == rank[:-1]) & (group[1:] == group[:-1]) & (key[1:] == key[:-1])
+                 & ~close[:-1] & ((p2p[1:] == p2p[:-1]) | close[1:])]
+    block = np.cumsum(~same) - 1
+    last = np.r_[np.flatnonzero(block[1:] != block[:-1]), len(block) - 1]
+    closing = np.where(close[last], entries.state[order][last], 0).astype(entries.state.dtype)
+    entries.state[order] = np.maximum(entries.state[order], closing[block])
 
 
 def _ints(values: Sequence, what: str) -> np.ndarray:

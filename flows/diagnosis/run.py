@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rankstream.flows.diagnosis.calls import Calls, collective_calls
-from rankstream.flows.diagnosis.entries import Entries
+from rankstream.flows.diagnosis.entries import Entries, fold_close_states
 from rankstream.flows.diagnosis.groups import Group, find_groups
 from rankstream.flows.diagnosis.p2p import Pairing, mark_batch_closes, pair_p2p
 from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
@@ -21,6 +21,7 @@ class Run:
         self.entries = entries
         self.groups, self.world = find_groups(entries, listed, dumped)
         self.dumped = set(dumped)
+        fold_close_states(entries)
         mark_batch_closes(entries)
         self.calls: Calls = collective_calls(entries)
         self.sequences: dict[int, GroupSequences] = split_by_group(self.calls, self.groups)

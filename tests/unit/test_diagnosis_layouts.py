@@ -40,11 +40,13 @@ class Program:
         self.seq += 1
         self._add(op, state)
 
-    def coalesced(self, members: int, state: str = "completed") -> None:
-        """Several all_reduces issued as one call: they share a collective number, then a close."""
+    def coalesced(self, members: int, state: str = "completed", *, as_torch: bool = False) -> None:
+        """Several all_reduces issued as one call: they share a collective number, then a close.
+        ``as_torch``: the members are recorded without events, as torch records them, so they stay
+        scheduled whatever the close's state."""
         self.seq += 1
         for _ in range(members):
-            self._add("all_reduce", state)
+            self._add("all_reduce", "scheduled" if as_torch else state)
         self._add("coalesced", state, size=0)
 
     def send_recv(self, ops: list[str], states: list[str] | None = None, size: int = 8) -> None:
@@ -53,12 +55,12 @@ class Program:
             self.p2p_seq += 1
             self._add(op, state, size)
 
-    def batch_p2p(self, ops: list[str], state: str = "completed") -> None:
+    def batch_p2p(self, ops: list[str], state: str = "completed", *, as_torch: bool = False) -> None:
         """``batch_isend_irecv``: the sends and receives share a p2p number, then a close that
-        carries it and the group's current collective number."""
+        carries it and the group's current collective number (``as_torch``: see ``coalesced``)."""
         self.p2p_seq += 1
         for op in ops:
-            self._add(op, state)
+            self._add(op, "scheduled" if as_torch else state)
         self._add("coalesced", state, size=0)
 
 
@@ -458,3 +460,23 @@ def test_a_pair_inside_a_call_that_never_completes_holds_up_the_ranks_that_wait_
     assert result.root.waiting_ranks == [0, 1]
     root = pair_inside_job(rank3_done=True).diagnosis().root  # one member completed it: the other is at fault
     assert (root.kind, root.culprit_ranks, root.seq) == ("state_mismatch", [2], 19)
+
+
+def test_members_of_a_block_take_the_state_of_its_close_as_torch_records_them():
+    """torch records the members of a batch_isend_irecv or of coalesced collectives without events:
+    they stay scheduled for good. Read as they stand, every block of a healthy job is unfinished."""
+    programs = {rank: Program() for rank in (0, 1)}
+    for _ in range(8):
+        for program in programs.values():
+            program.coalesced(3, as_torch=True)
+        programs[0].batch_p2p(["send 0->1"], as_torch=True)
+        programs[1].batch_p2p(["recv 1<-0"], as_torch=True)
+    assert diagnosis(programs).findings == []
+    assert diagnosis(programs, ring={0: 13, 1: 17}).findings == []  # rings wrapped at different points
+    # rank 1's ring starts at a lone close: the members of its oldest block fell out
+    assert diagnosis(programs, ring={0: 30, 1: 21}).findings == []
+    # the last block: rank 1's device never started it, everything before completed
+    for rank, program in programs.items():
+        program.coalesced(3, state="scheduled" if rank == 1 else "started", as_torch=True)
+    root = diagnosis(programs).root
+    assert (root.kind, root.culprit_ranks, root.seq) == ("not_started", [1], 9)
