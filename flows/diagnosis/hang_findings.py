@@ -22,14 +22,14 @@ from rankstream.flows.diagnosis.program_order import completed_later, first_in_p
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
 from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past,
-                                              gone_past_transfer, program_between, waiting_positions)
+                                              gone_past_transfer, late_for, program_between, waiting_positions)
 
 __all__ = ["wait_graph", "hang_findings"]
 
 
 def wait_graph(run: Run) -> WaitGraph:
-    graph = build_wait_graph(waiting_positions(run.calls, run.stateless), run.sequences, run.dumped,
-                             stateless=run.stateless)
+    positions = waiting_positions(run.calls, run.stateless, in_transfer=_in_transfer(run))
+    graph = build_wait_graph(positions, run.sequences, run.dumped, stateless=run.stateless)
     for gap in run.p2p.unmatched:
         position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
         graph.waiting.append(position)
@@ -39,6 +39,16 @@ def wait_graph(run: Run) -> WaitGraph:
         graph.waiting.append(position)
         graph.add(Edge(position, behind.waiter, "behind"))
     return graph
+
+
+def _in_transfer(run: Run) -> dict[int, int]:
+    """rank -> the record of its oldest started, unfinished send or receive."""
+    entries = run.entries
+    rows = np.flatnonzero(entries.is_p2p & (entries.state == 1))
+    found: dict[int, int] = {}
+    for rank, record in zip(entries.rank[rows].tolist(), entries.record[rows].tolist()):
+        found[rank] = min(record, found.get(rank, record))
+    return found
 
 
 def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement]) -> list[Finding]:
@@ -60,6 +70,10 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
     for rank in sorted(passed):
         findings.append(_absent(run, graph, rank, passed[rank]))
     settled |= set(passed)
+    late = _late(run, graph, settled)
+    for rank in sorted(late):
+        findings.append(_skipped_earlier(run, graph, rank, late[rank]))
+    settled |= set(late)
     for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
         if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
             finding = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
@@ -193,6 +207,56 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
             if gone_past(edge, run.calls, group_desc, reference=references[where]):
                 found.setdefault(edge.target, []).append(edge)
     return found
+
+
+def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]]:
+    """Behind ranks whose own call of the waited number comes after more calls than the program
+    issues before it (they skipped the call their peers wait in): rank -> edges."""
+    references: dict[tuple[int, int, int], tuple[Counter, set[str]] | None] = {}
+    found: dict[int, list[Edge]] = {}
+    for edges in graph.edges.values():
+        for edge in edges:
+            if edge.how != "behind" or edge.waiter.seq <= 1 or edge.target in settled or edge.waiter.rank in settled:
+                continue
+            where = (edge.waiter.group, edge.waiter.seq, edge.target)
+            if where not in references:
+                references[where] = _same_place(run, *where)
+            if references[where] is not None:
+                reference, played = references[where]
+                if late_for(edge, run.calls, run.roles, reference=reference, played=played):
+                    found.setdefault(edge.target, []).append(edge)
+    for cycle in graph.cycles():  # a rank that only swapped two calls is late too: the order finding says more
+        if set(cycle) & set(found):
+            swapped = _out_of_order(run, cycle, [e.waiter for r in cycle for e in graph.edges[r] if e.target in cycle])
+            for rank in swapped.culprit_ranks if swapped is not None else ():
+                found.pop(rank, None)
+    return found
+
+
+def _same_place(run: Run, group: int, seq: int, target: int) -> tuple[Counter, set[str]] | None:
+    """What the other members of a group (and its siblings) issued between its calls ``seq - 1`` and
+    ``seq`` (the program at that very place, by role), and the roles they play. None when a
+    majority of the members did not issue both (nothing to compare with)."""
+    seqs = run.sequences[group]
+    both = set(seqs.values_at(seq)) & set(seqs.values_at(seq - 1)) - {target}
+    if len(both) * 2 <= len(seqs.group.members):
+        return None
+    family = [group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
+    played = {run.roles[code] for code in np.unique(run.calls.group[np.isin(run.calls.rank, list(both))]).tolist()}
+    return program_between(run.calls, run.roles, family, seq=seq, without=target), played
+
+
+def _skipped_earlier(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding:
+    """A rank that skipped the call its peers wait in, and enqueued a later call under its number."""
+    where = first_in_program(run, edges).waiter
+    seqs = run.sequences[where.group]
+    return Finding(
+        kind="skipped_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=where.seq, expected=run.describe(seqs.usual_at(where.seq)), waiting_ranks=sorted(graph.upstream({rank})),
+        in_flight=True, evidence=[
+            f"its peers wait in #{where.seq} of {seqs.group.label}; rank {rank} enqueued its own #{where.seq} only "
+            f"after calls of other groups that its peers issue after #{where.seq}: that is a later call, and it "
+            f"skipped the one they wait in"])
 
 
 def _gap_of(run: Run, edge: Edge):

@@ -14,7 +14,9 @@ them apart is program order: the rank that skipped has *gone past* the call it w
 (after its previous call in that group it issued more than the waiter issued before that call),
 while in a deadlock each rank waits in a call it reached in order. A rank waited for in a send or
 receive it never posted has gone past it when, since its last transfer of that kind with that
-peer, it issued more collective calls than it ever issued between two of them.
+peer, it issued more collective calls than it ever issued between two of them. A rank waited for
+in a call it did enqueue (behind) skipped it when it issued more calls than the program between
+its previous call of the group and that one: its call of that number is a later one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
-           "gone_past_transfer"]
+           "gone_past_transfer", "late_for"]
 
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 
@@ -128,8 +130,11 @@ class WaitGraph:
         return components
 
 
-def waiting_positions(calls: Calls, stateless: set[int]) -> list[Position]:
-    """Where each rank is (see the module docstring)."""
+def waiting_positions(calls: Calls, stateless: set[int], *, in_transfer: dict[int, int] | None = None) -> list[Position]:
+    """Where each rank is (see the module docstring). ``in_transfer``: rank -> record of its oldest
+    started send or receive; a rank with no started collective is not placed in an enqueued one
+    that comes after it (its device is in the transfer)."""
+    in_transfer = in_transfer or {}
     positions = []
     order = np.lexsort((calls.record, calls.rank))
     ranks = calls.rank[order]
@@ -143,6 +148,8 @@ def waiting_positions(calls: Calls, stateless: set[int]) -> list[Position]:
             states = calls.state[rows]
             started = rows[states == STARTED]
             chosen = started if len(started) else rows[states < COMPLETED][:1]
+            if not len(started) and rank in in_transfer:
+                chosen = chosen[calls.record[chosen] < in_transfer[rank]]
         positions += [Position(rank, int(calls.group[r]), int(calls.seq[r])) for r in chosen.tolist()]
     return positions
 
@@ -181,13 +188,16 @@ def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequen
     return graph
 
 
-def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], *, seq: int) -> Counter:
+def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], *, seq: int,
+                    without: int | None = None) -> Counter:
     """What the job issues between call ``seq - 1`` and call ``seq`` of a group: per (group kind,
-    op), the most any rank of ``groups`` (the group and its siblings) issued there."""
+    op), the most any rank of ``groups`` (the group and its siblings) but ``without`` issued there."""
     reference: Counter = Counter()
     for code in groups:
         rows = np.flatnonzero((calls.group == code) & ((calls.seq == seq) | (calls.seq == seq - 1)))
         for rank in np.unique(calls.rank[rows]).tolist():
+            if rank == without:
+                continue
             mine = rows[calls.rank[rows] == rank]
             before, here = mine[calls.seq[mine] == seq - 1], mine[calls.seq[mine] == seq]
             if not len(before) or not len(here):
@@ -237,3 +247,20 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
         reference |= between(lo, hi)
     since = between(int(marks[-1]), len(rows))
     return any(count > reference.get(key, 0) for key, count in since.items())
+
+
+def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter, played: set[str]) -> bool:
+    """Whether the behind target of ``edge`` issued its own call of the waited number only after
+    more calls of some kind than the job issues between the group's previous call and that one
+    (``reference``, from ``program_between``): its call of that number is a later call, and the
+    one its peers wait in is one it skipped. Only the calls of ``played`` (the kinds of group its
+    peers are members of) are counted: the others say nothing of the program its peers run."""
+    group, seq = edge.waiter.group, edge.waiter.seq
+    rows = np.flatnonzero(calls.rank == edge.target)
+    in_group = rows[calls.group[rows] == group]
+    here, before = in_group[calls.seq[in_group] == seq], in_group[calls.seq[in_group] == seq - 1]
+    if not len(here) or not len(before):
+        return False
+    between = rows[(calls.record[rows] > calls.record[before].max()) & (calls.record[rows] < calls.record[here].min())]
+    theirs = Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in between)
+    return any(count > reference.get(kind, 0) for kind, count in theirs.items() if kind[0] in played)

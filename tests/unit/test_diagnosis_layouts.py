@@ -480,3 +480,34 @@ def test_members_of_a_block_take_the_state_of_its_close_as_torch_records_them():
         program.coalesced(3, state="scheduled" if rank == 1 else "started", as_torch=True)
     root = diagnosis(programs).root
     assert (root.kind, root.culprit_ranks, root.seq) == ("not_started", [1], 9)
+
+
+def test_a_rank_that_skipped_one_of_two_alike_calls_and_went_on_is_the_root_though_it_enqueued_that_number():
+    """Two pipeline stages of tensor-parallel pairs; every step ends with two alike all_reduces of
+    the whole job (a gradient norm, an overflow flag). Rank 2 skips the second one of step 5 and
+    goes on into step 6: its receive started (its stage-0 peer never sends: it waits in the
+    all_reduce), and its own call of that number is step 6's first one, enqueued after step 6's
+    tensor-parallel calls. Its tensor-parallel peer, rank 3, is innocent."""
+    job = Groups({"world": [0, 1, 2, 3], "tp0": [0, 1], "tp1": [2, 3], "pp0": [0, 2], "pp1": [1, 3]})
+    for step in range(7):
+        for rank in range(4):
+            stage, tp, pp = rank // 2, ("tp0", "tp1")[rank // 2], ("pp0", "pp1")[rank % 2]
+            if step == 6 and rank != 2:
+                continue  # the others are still in step 5's second all_reduce
+            hung = step == 6
+            if stage == 1:
+                job.transfer(rank, pp, "recv 1<-0", state="started" if hung else "completed")
+            for _ in range(2):
+                job.call(rank, tp, state="scheduled" if hung else "completed")
+            if stage == 0:
+                job.transfer(rank, pp, "send 0->1")
+            for second in (False, True):
+                if step == 5 and second:
+                    if rank != 2:
+                        job.call(rank, "world", state="started")
+                    continue
+                job.call(rank, "world", state="scheduled" if hung else "completed")
+    result = job.diagnosis()
+    assert (result.root.kind, result.root.culprit_ranks, result.root.group, result.root.seq) == (
+        "skipped_collective", [2], "world", 12)
+    assert result.root.waiting_ranks == [0, 1, 3]
