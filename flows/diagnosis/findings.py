@@ -107,6 +107,15 @@ def _numbered(finding: Finding, value: Any) -> str:
     return f"{_op(value)} #{finding.seq}" if finding.seq is not None else _op(value)
 
 
+def _call(finding: Finding) -> str:
+    """A call as words: ``all_reduce #7``, or ``send to rank 3 (p2p #4)``."""
+    value = finding.actual
+    if isinstance(value, dict) and "peer" in value:
+        way = "to" if value.get("op") == "send" else "from"
+        return f"{_op(value)} {way} rank {value['peer']} (p2p #{finding.seq})"
+    return _numbered(finding, value)
+
+
 #: What the ranks of a mismatch without a culprit disagree on.
 _DISAGREE_ON = {"type_mismatch": "the collective", "size_mismatch": "the tensor sizes",
                 "dtype_mismatch": "the dtypes"}
@@ -116,8 +125,7 @@ _WHAT = {
     "order_mismatch": lambda f: f"issued {f.actual['call']} before {_numbered(f, f.expected)}, the reverse of its "
                                 "peers' order (deadlock)",
     "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
-    "not_started": lambda f: f"enqueued {_numbered(f, f.actual)} but never started it on the device, while "
-                             f"{'its' if len(f.culprit_ranks) == 1 else 'their'} peers did",
+    "not_started": lambda f: f"enqueued {_call(f)} but never started it on the device",
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
     "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",

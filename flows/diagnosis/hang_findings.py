@@ -62,6 +62,9 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
     for rank, position in extra.items():
         findings.append(_extra(run, graph, rank, position))
     settled |= set(extra)
+    held = _held_sinks(run, graph, settled)  # a stuck device explains the calls its rank issued no more
+    findings += held
+    settled |= {rank for finding in held for rank in finding.culprit_ranks}
     passed = _gone_past(run, graph, settled)
     for cycle in graph.cycles():  # two or more ranks that each went past a call: a deadlock
         if len(set(cycle) & set(passed)) >= 2:
@@ -84,9 +87,6 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
                 finding.inferred = True  # ranked after the findings with direct evidence
             findings.append(finding)
             settled.add(sink)
-    held = _held_sinks(run, graph, settled)
-    findings += held
-    settled |= {rank for finding in held for rank in finding.culprit_ranks}
     for mismatch in run.p2p.mismatched:
         findings.append(_p2p_mismatch(run, mismatch))
         settled |= {mismatch.send.waiter, mismatch.recv.waiter}
@@ -197,8 +197,9 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
                 continue
             if edge.waiter.seq < 0:  # a send or receive the target never posted
                 gap = _gap_of(run, edge)
-                if gone_past_transfer(run.entries, edge.target, peer=gap.waiter, group=gap.group,
-                                      op="recv" if gap.op == "send" else "send"):
+                if _free_or_circular(graph, edge) and gone_past_transfer(
+                        run.entries, edge.target, peer=gap.waiter, group=gap.group,
+                        op="recv" if gap.op == "send" else "send"):
                     found.setdefault(edge.target, []).append(edge)
                 continue
             where = (edge.waiter.group, edge.waiter.seq)
@@ -259,6 +260,14 @@ def _skipped_earlier(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -
             f"skipped the one they wait in"])
 
 
+def _free_or_circular(graph: WaitGraph, edge: Edge) -> bool:
+    """Whether the target of ``edge`` waits for nobody, or only, through others, for the waiter. A
+    rank held up by a third party never reached the transfer: its missing side is a consequence."""
+    if not graph.edges.get(edge.target):
+        return True
+    return edge.target in graph.upstream({edge.waiter.rank})
+
+
 def _gap_of(run: Run, edge: Edge):
     """The unfinished transfer a p2p ``absent`` edge stands for."""
     return next(g for g in run.p2p.unmatched if g.waiter == edge.waiter.rank and g.peer == edge.target
@@ -294,42 +303,54 @@ def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
 
 
 def _held_sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
-    """The ranks others wait for only because their devices have not started the call (behind),
-    whose own entries show no one to wait for: either their device never started it although
-    everything before completed (``not_started``), or it is inside a call that every member of
-    its group started and none completed (``stalled_collective``). One finding per call."""
+    """The ranks others wait for only because their devices have not started a call (behind),
+    whose own entries show no one to wait for. Where each stopped is its oldest unfinished entry:
+    one a peer started and waits in, not started by the rank although everything before it
+    completed (``not_started``: its stream is held by work the Flight Recorder does not record), or
+    a collective every member of its group started and none completed (``stalled_collective``).
+    One finding per call."""
     unstarted: dict[Position, list[int]] = {}
     inside: set[Position] = set()
     for sink in graph.sinks():
         behind = [e for e in graph.into(sink) if e.how == "behind"]
-        if sink in settled or not behind:
+        row = _oldest_unfinished(run, sink) if sink not in settled and behind else None
+        if row is None:
             continue
-        where = _unstarted_at(run, sink, behind)
-        if where is not None:
-            unstarted.setdefault(where, []).append(sink)
-        elif (stalled := _all_inside(run, sink)) is not None:
-            inside.add(stalled)
+        entries = run.entries
+        group, state = int(entries.group[row]), int(entries.state[row])
+        seq = -int(entries.p2p_seq[row]) if entries.is_p2p[row] else int(entries.seq[row])
+        if state == 0 and _waited_in(run, sink, behind, group, seq):
+            unstarted.setdefault(Position(-1, group, seq), []).append(sink)
+        elif state == 1 and seq > 0 and _all_inside(run, group, seq):
+            inside.add(Position(-1, group, seq))
     return ([_not_started(run, graph, where, ranks) for where, ranks in unstarted.items()]
             + [_stalled(run, graph, where) for where in sorted(inside, key=lambda p: (p.group, p.seq))])
 
 
-def _all_inside(run: Run, rank: int) -> Position | None:
-    """The rank's oldest unfinished entry, when it is a collective that every member of its group
-    started and none completed."""
+def _waited_in(run: Run, rank: int, behind: list[Edge], group: int, seq: int) -> bool:
+    """Whether a peer started the very call (or the counterpart of the very transfer) that is the
+    rank's oldest unfinished entry. A device that is behind on an earlier entry than the one its
+    peers wait in looks the same in a dump taken while the job runs normally (it is computing)."""
+    if seq > 0:
+        return any((e.waiter.group, e.waiter.seq) == (group, seq) for e in behind)
+    return any(b.waiter == rank and (b.group, b.p2p_seq) == (group, -seq) for _, b in run.p2p.behind)
+
+
+def _oldest_unfinished(run: Run, rank: int) -> int | None:
+    """The row of the rank's oldest unfinished entry of any kind (collective or p2p)."""
     entries = run.entries
     rows = np.flatnonzero((entries.rank == rank) & (entries.state < 2))
-    if not len(rows):
-        return None
-    row = int(rows[np.argmin(entries.record[rows])])
-    if entries.is_p2p[row] or entries.state[row] != 1:
-        return None
-    where = Position(-1, int(entries.group[row]), int(entries.seq[row]))
-    seqs = run.sequences.get(where.group)
+    return int(rows[np.argmin(entries.record[rows])]) if len(rows) else None
+
+
+def _all_inside(run: Run, group: int, seq: int) -> bool:
+    """Whether every member of the group started call ``seq`` and none completed it."""
+    seqs = run.sequences.get(group)
     if seqs is None:
-        return None
-    states = seqs.states_at(where.seq)
+        return False
+    states = seqs.states_at(seq)
     members = seqs.group.members
-    return where if all(states.get(m) == 1 for m in members) and not set(members) & run.stateless else None
+    return all(states.get(m) == 1 for m in members) and not set(members) & run.stateless
 
 
 def _stalled(run: Run, graph: WaitGraph, where: Position) -> Finding:
@@ -344,51 +365,42 @@ def _stalled(run: Run, graph: WaitGraph, where: Position) -> Finding:
             "network, NCCL, or a device)"])
 
 
-def _unstarted_at(run: Run, rank: int, edges: list[Edge]) -> Position | None:
-    """Where the device of a rank its peers wait for stopped: the first of those calls in its own
-    order, when everything it enqueued before completed (its stream is held by work the Flight
-    Recorder does not record). None when an earlier entry of its own is unfinished (a send or
-    receive still waiting for its peer, say): it waits there, and the hang's root is elsewhere."""
-    collectives = [e.waiter for e in edges if e.waiter.seq > 0]  # a transfer not started: see p2p.py
-    if not collectives:
-        return None
-    where = min(collectives, key=lambda p: _record_of(run, rank, p))
-    if _oldest_unfinished_record(run, rank) < _record_of(run, rank, where):
-        return None
-    return Position(-1, where.group, where.seq)
-
-
 def _not_started(run: Run, graph: WaitGraph, where: Position, ranks: list[int]) -> Finding:
-    """Ranks whose devices never started a call their peers' devices started, though they enqueued it."""
-    seqs = run.sequences[where.group]
-    states = seqs.states_at(where.seq)
-    inside = sorted(rank for rank, state in states.items() if state == 1)
-    value = seqs.values_at(where.seq)[ranks[0]]
+    """Ranks whose devices never started the oldest entry they enqueued and did not finish."""
+    group = run.group(where.group)
     they = ranks_text(ranks)
-    return Finding(
-        kind="not_started", culprit_ranks=sorted(ranks), group=seqs.group.name, group_desc=seqs.group.desc,
-        seq=where.seq, expected=run.describe(value), actual=run.describe(value),
-        waiting_ranks=sorted(graph.upstream(set(ranks))), in_flight=True, evidence=[
-            f"{ranks_text(inside)} started #{where.seq} of {seqs.group.label}; {they} enqueued it, but "
-            + ("its entry is still scheduled: its device never started it" if len(ranks) == 1 else
-               "their entries are still scheduled: their devices never started it"),
-            f"everything {they} enqueued before it completed: the stream is held by work the Flight Recorder does "
-            "not record (a kernel that does not finish, a wait on another stream)",
-            "a dump taken while the job ran normally can catch a device a moment behind; the live watch records "
-            "this only once the ranks stopped making progress"])
+    if where.seq > 0:
+        seqs = run.sequences[where.group]
+        inside = sorted(rank for rank, state in seqs.states_at(where.seq).items() if state == 1)
+        call = run.describe(seqs.values_at(where.seq)[ranks[0]])
+        place = f"#{where.seq} of {group.label}"
+    else:
+        inside, call = _transfer_of(run, ranks[0], where)
+        place = f"p2p #{-where.seq} of {group.label}"
+    waiting = sorted(graph.upstream(set(ranks)))
+    evidence = [f"{they} enqueued {place} but " + ("its device never started it" if len(ranks) == 1 else
+                                                   "their devices never started it")
+                + f", and everything enqueued before it completed: the stream is held by work the Flight Recorder "
+                "does not record (a kernel that does not finish, a wait on another stream)"]
+    if inside:
+        evidence.append(f"{ranks_text(inside)} started {'it' if where.seq > 0 else 'its counterpart'} and wait"
+                        + ("s" if len(inside) == 1 else "") + " inside")
+    evidence.append("a dump taken while the job ran normally can catch a device a moment behind; the live watch "
+                    "records this only once the ranks stopped making progress")
+    return Finding(kind="not_started", culprit_ranks=sorted(ranks), group=group.name, group_desc=group.desc,
+                   seq=abs(where.seq), expected=call, actual=call, waiting_ranks=waiting, in_flight=True,
+                   evidence=evidence)
 
 
-def _record_of(run: Run, rank: int, position: Position) -> int:
-    calls = run.calls
-    rows = np.flatnonzero((calls.rank == rank) & (calls.group == position.group) & (calls.seq == position.seq))
-    return int(calls.record[rows].min())
-
-
-def _oldest_unfinished_record(run: Run, rank: int) -> int:
-    """The record id of the rank's oldest unfinished entry of any kind (collective or p2p)."""
-    entries = run.entries
-    unfinished = entries.record[(entries.rank == rank) & (entries.state < 2)]
-    return int(unfinished.min()) if len(unfinished) else 2**62
+def _transfer_of(run: Run, rank: int, where: Position) -> tuple[list[int], dict]:
+    """The ranks whose started transfer waits for the rank's send or receive at ``where``, and
+    that send or receive described."""
+    entries, vocab = run.entries, run.entries.vocabulary
+    row = int(np.flatnonzero((entries.rank == rank) & entries.is_p2p & (entries.group == where.group)
+                             & (entries.p2p_seq == -where.seq))[0])
+    waiting = sorted({w.waiter for w, b in run.p2p.behind if b.waiter == rank and b.p2p_seq == -where.seq})
+    return waiting, {"op": vocab.ops[entries.op[row]], "peer": int(entries.peer[row]),
+                     "shape": vocab.text("shapes", entries.shape[row]), "dtype": vocab.text("dtypes", entries.dtype[row])}
 
 
 def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding:

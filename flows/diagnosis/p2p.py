@@ -100,7 +100,7 @@ def pair_p2p(entries: Entries) -> Pairing:
     left = _left_over(streams)
     ordered = list(_in_stream_order(streams, _pairs_of(left)))
     unmatched = sorted(left + _crossed(ordered), key=lambda t: (t.group, t.p2p_seq, t.waiter))
-    return Pairing(unmatched, _mismatched(entries, ordered), _behind(ordered))
+    return Pairing(unmatched, _mismatched(entries, ordered), _behind(streams, _pairs_of(left)))
 
 
 def unmatched_p2p(entries: Entries) -> list[Transfer]:
@@ -164,13 +164,20 @@ def _mismatched(entries: Entries, ordered: list[list[tuple[Transfer, Transfer]]]
     return found
 
 
-def _behind(ordered: list[list[tuple[Transfer, Transfer]]]) -> list[tuple[Transfer, Transfer]]:
-    """Pairs before any crossing where one side started and its counterpart did not."""
+def _behind(streams: dict[tuple[int, int, int], list[Transfer]],
+            unpaired: set[tuple[int, int, int]]) -> list[tuple[Transfer, Transfer]]:
+    """Transfers that started while their counterpart did not: (started, behind). Paired in the
+    order each side posted them, batches included (a batch starts as a whole, so its members'
+    order does not change which side started), up to the first crossing outside a batch."""
     found = []
-    for pairs in ordered:
-        for mine, theirs in pairs[:_first_crossing(pairs)]:
-            if mine.started != theirs.started:
-                found.append((mine, theirs) if mine.started else (theirs, mine))
+    for (group, rank, peer), mine in streams.items():
+        if rank > peer or (group, rank, peer) in unpaired:
+            continue
+        for first, second in zip(mine, streams.get((group, peer, rank), [])):
+            if first.op == second.op and not (first.batched or second.batched):
+                break
+            if first.started != second.started:
+                found.append((first, second) if first.started else (second, first))
     return found
 
 

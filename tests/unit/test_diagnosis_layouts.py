@@ -414,21 +414,22 @@ def test_a_rank_waiting_in_a_transfer_is_not_the_root_although_its_device_never_
 
 def test_ranks_whose_transfers_wait_on_a_stage_stuck_behind_the_culprit_are_counted_as_waiting():
     """Two pipeline stages (ranks 0, 1 then 2, 3), each with its own tensor-parallel group. Rank 3
-    skips a tp all_reduce, so rank 2 waits in it; both stage-1 ranks enqueued their sends of the
-    step, which their devices never reach; stage 0's receives started and wait for them."""
+    skips a tp all_reduce and goes on: its send to rank 1 completes. Rank 2 waits in the all_reduce,
+    so its device never reaches the send it enqueued after it, and rank 0's receive, started,
+    waits for that send."""
     job = Groups({"tp0": [0, 1], "tp1": [2, 3], "pp0": [0, 2], "pp1": [1, 3]})
     for step in range(6):
         last = step == 5
         for rank, tp, pp, recv in ((0, "tp0", "pp0", "recv 0<-1"), (1, "tp0", "pp1", "recv 0<-1")):
             job.call(rank, tp)
-            job.transfer(rank, pp, recv, state="started" if last else "completed")
+            job.transfer(rank, pp, recv, state="started" if last and rank == 0 else "completed")
         for rank, tp, pp in ((2, "tp1", "pp0"), (3, "tp1", "pp1")):
             if not (last and rank == 3):
                 job.call(rank, tp, state="started" if last else "completed")
-            job.transfer(rank, pp, "send 1->0", state="scheduled" if last else "completed")
+            job.transfer(rank, pp, "send 1->0", state="scheduled" if last and rank == 2 else "completed")
     result = job.diagnosis()
     assert (result.root.kind, result.root.culprit_ranks, result.root.group) == ("skipped_collective", [3], "tp1")
-    assert result.root.waiting_ranks == [0, 1, 2]
+    assert result.root.waiting_ranks == [0, 2]
 
 
 def pair_inside_job(*, rank3_done: bool = False) -> Groups:
@@ -511,3 +512,24 @@ def test_a_rank_that_skipped_one_of_two_alike_calls_and_went_on_is_the_root_thou
     assert (result.root.kind, result.root.culprit_ranks, result.root.group, result.root.seq) == (
         "skipped_collective", [2], "world", 12)
     assert result.root.waiting_ranks == [0, 1, 3]
+
+
+def test_a_device_that_never_starts_its_send_is_the_root_and_a_peer_blocked_behind_it_is_not_named():
+    """Stage 0 (ranks 0, 1, a tensor-parallel pair) sends to stage 1 (ranks 2, 3). Rank 1's device
+    never starts its send of the last step, though everything before it completed; rank 3's
+    receive started and waits. Rank 1's tp peer is not at fault, nor is the rest of stage 1."""
+    job = Groups({"tp0": [0, 1], "tp1": [2, 3], "pp0": [0, 2], "pp1": [1, 3]})
+    for step in range(6):
+        last = step == 5
+        for rank, tp, pp in ((0, "tp0", "pp0"), (1, "tp0", "pp1")):
+            job.call(rank, tp)
+            job.transfer(rank, pp, "send 0->1", state=("scheduled" if rank == 1 else "completed") if last else "completed")
+        for rank, tp, pp in ((2, "tp1", "pp0"), (3, "tp1", "pp1")):
+            job.transfer(rank, pp, "recv 1<-0", state=("started" if rank == 3 else "completed") if last else "completed")
+            job.call(rank, tp, state=("scheduled" if rank == 3 else "started") if last else "completed")
+    result = job.diagnosis()
+    root = result.root
+    assert (root.kind, root.culprit_ranks, root.group, root.seq) == ("not_started", [1], "pp1", 6)
+    assert root.waiting_ranks == [2, 3]
+    assert "send to rank 3 (p2p #6)" in root.headline()
+    assert [f.culprit_ranks for f in result.findings] == [[1]]
