@@ -52,6 +52,7 @@ KINDS = (
     "size_mismatch",
     "dtype_mismatch",
     "stuck_in_collective",
+    "not_started",
     "missing_dump",
     "p2p_unmatched",
     "deadlock",
@@ -347,13 +348,16 @@ class _Sim:
     each after its compute gap. gloo (``blocking=True``): every op blocks the CPU. A collective
     instance (k-th op of a rank in a group; p2p: k-th op of a (src, dst) channel) completes when all
     members have started it and their ops agree on type and byte count; otherwise it hangs.
-    ``stuck[r] = i``: rank r's op i completes for its peers but never on r (its GPU is stuck)."""
+    ``stuck[r] = i``: rank r's op i completes for its peers but never on r (its GPU is stuck).
+    ``held[r] = i``: rank r's GPU never starts op i (a kernel before it never finishes)."""
 
     def __init__(self, job: _Job, progs: dict[int, list[_Op]], *, blocking: bool, seed: str,
-                 stuck: dict[int, int] | None = None, straggler: dict[int, int] | None = None, noise_ns: int = 0):
+                 stuck: dict[int, int] | None = None, straggler: dict[int, int] | None = None, noise_ns: int = 0,
+                 held: dict[int, int] | None = None):
         self.job, self.progs = job, progs
         world = job.world
         stuck = stuck or {}
+        held = held or {}
         straggler = straggler or {}
         rng = random.Random(seed + ":sim")
         rand = rng.random
@@ -418,7 +422,7 @@ class _Sim:
                     moved = True
                 n_issued[r] = i
                 j = n_started[r]
-                while j < i:
+                while j < i and held.get(r) != j:
                     if j > 0:
                         prev = en[j - 1]
                         if prev is None:
@@ -629,6 +633,7 @@ class _Spec:
     move: list = field(default_factory=list)        # (rank, step, tag, before_tag)
     crash: tuple | None = None                       # (rank, step, tag): rank dies before issuing this op
     stuck: tuple | None = None                       # (rank, step, tag): rank's GPU never finishes this op
+    held: tuple | None = None                        # (rank, step, tag): rank's GPU never starts this op
     straggler: int | None = None
     noise_ns: int = 0
     expected: Expected | None = None
@@ -640,7 +645,7 @@ class _Spec:
         return base + (f"__{self.tag}" if self.tag else "")
 
 
-def _apply(job: _Job, spec: _Spec) -> tuple[dict[int, list[_Op]], dict[int, int]]:
+def _apply(job: _Job, spec: _Spec) -> tuple[dict[int, list[_Op]], dict[int, int], dict[int, int]]:
     progs = {r: _program(job, r) for r in range(job.world)}
     for r, step, tag, changes in spec.modify:
         i = _find(progs[r], step, tag)
@@ -658,22 +663,25 @@ def _apply(job: _Job, spec: _Spec) -> tuple[dict[int, list[_Op]], dict[int, int]
         del progs[r][i]
         if was_sync:
             progs[r][i - 1] = progs[r][i - 1].copy(sync=True)
-    stuck = {}
+    stuck, held = {}, {}
     if spec.stuck:
         r, step, tag = spec.stuck
         stuck[r] = _find(progs[r], step, tag)
+    if spec.held:
+        r, step, tag = spec.held
+        held[r] = _find(progs[r], step, tag)
     if spec.crash:
         r, step, tag = spec.crash
         progs[r] = progs[r][: _find(progs[r], step, tag)]
-    return progs, stuck
+    return progs, stuck, held
 
 
 def _simulate(spec: _Spec):
     job = _Job(spec.layout)
-    progs, stuck = _apply(job, spec)
+    progs, stuck, held = _apply(job, spec)
     straggler = {spec.culprit: 20 * MS} if spec.straggler else {}
     sim = _Sim(job, progs, blocking=spec.fmt == "gloo", seed=spec.name, stuck=stuck, straggler=straggler,
-               noise_ns=spec.noise_ns)
+               noise_ns=spec.noise_ns, held=held)
     return job, sim
 
 
@@ -939,6 +947,22 @@ def _build(spec: _Spec) -> _Spec:
                                      f"completed it; its CPU waits for it, so it never issues step {step + 1}")
         return spec
 
+    if f == "not_started":
+        gk = spec.tag.split("-")[0] if spec.tag.startswith(("dp", "default")) else "dp"
+        spec.culprit = _pick(rng, all_ranks, spec.tag.split("-")[-1])
+        c = spec.culprit
+        if gk == "default":
+            step, tag, desc = 11, "barrier", "default_pg"
+        else:
+            step, tag, desc = 10, ("loss" if job.pp > 1 and job.stage(c) == job.pp - 1 else f"bucket{BUCKETS - 1}"), "dp"
+        spec.held = (c, step, tag)
+        prog = _program(job, c)
+        seq = _seq_at(prog, _find(prog, step, tag))
+        spec.expected = Expected("not_started", (c,), desc, seq,
+                                 f"rank {c}'s GPU never starts {desc} #{seq} (last op of step {step}): everything "
+                                 f"before it completed, its peers started it and wait inside")
+        return spec
+
     if f == "state_mismatch":
         spec.culprit = _pick(rng, all_ranks, spec.tag)
         c = spec.culprit
@@ -1085,6 +1109,11 @@ def _matrix() -> list[_Spec]:
     add(D, "dtype_mismatch", "older", J)
     add(A, "dtype_mismatch", "older", P)
     add(C, "dtype_mismatch", "inflight", P, "absent")
+    # not_started (NCCL only: gloo records no start)
+    add(A, "not_started", "inflight", P)
+    add(C, "not_started", "inflight", J)
+    add(E, "not_started", "inflight", P, tag="default")
+    add(F, "not_started", "inflight", P)
     # stuck_in_collective (NCCL only)
     add(A, "stuck_in_collective", "inflight", P)
     add(A, "stuck_in_collective", "inflight", J)
