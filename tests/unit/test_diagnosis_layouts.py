@@ -533,3 +533,17 @@ def test_a_device_that_never_starts_its_send_is_the_root_and_a_peer_blocked_behi
     assert root.waiting_ranks == [2, 3]
     assert "send to rank 3 (p2p #6)" in root.headline()
     assert [f.culprit_ranks for f in result.findings] == [[1]]
+
+
+def test_a_device_that_never_starts_a_batch_its_peer_started_is_the_root():
+    """``batch_isend_irecv`` as torch records it (members without events, the close carrying the
+    state): rank 1's batch of the last step never started, rank 0's did and waits."""
+    programs = {rank: Program() for rank in (0, 1)}
+    for step in range(6):
+        last = step == 5
+        for program in programs.values():
+            program.collective()
+        programs[0].batch_p2p(["send 0->1", "recv 0<-1"], state="started" if last else "completed", as_torch=True)
+        programs[1].batch_p2p(["recv 1<-0", "send 1->0"], state="scheduled" if last else "completed", as_torch=True)
+    root = diagnosis(programs).root
+    assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("not_started", [1], [0])
