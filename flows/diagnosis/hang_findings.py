@@ -223,7 +223,7 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
             where = (edge.waiter.group, edge.waiter.seq, edge.target)
             if where not in references:
                 references[where] = _same_place(run, *where)
-            if references[where] is not None:
+            if references[where] is not None and _free_or_circular(graph, edge):
                 reference, played = references[where]
                 if late_for(edge, run.calls, run.roles, reference=reference, played=played):
                     found.setdefault(edge.target, []).append(edge)
@@ -263,7 +263,8 @@ def _skipped_earlier(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -
 
 def _free_or_circular(graph: WaitGraph, edge: Edge) -> bool:
     """Whether the target of ``edge`` waits for nobody, or only, through others, for the waiter. A
-    rank held up by a third party never reached the transfer: its missing side is a consequence."""
+    rank held up by a third party never reached the call: what it did not issue there, or issued
+    out of the usual order, is a consequence."""
     if not graph.edges.get(edge.target):
         return True
     return edge.target in graph.upstream({edge.waiter.rank})

@@ -42,9 +42,25 @@ class Run:
 
 
 def stateless_ranks(entries: Entries) -> set[int]:
-    """Ranks whose entries never say whether they finished (gloo: all 'scheduled', no times)."""
-    progressed = np.unique(entries.rank[entries.state > 0])
-    return set(np.unique(entries.rank).tolist()) - set(progressed.tolist())
+    """Ranks whose entries never say whether they finished (gloo: all 'scheduled', no times). A
+    rank whose ring holds only entries its device has not started is not one when its oldest
+    entry is a collective whose previous call its peers completed: collectives complete together,
+    so it finished that call too, and its ring starts at the call where its device stopped."""
+    progressed = entries.state > 0
+    quiet = set(np.unique(entries.rank).tolist()) - set(np.unique(entries.rank[progressed]).tolist())
+    if not quiet or not progressed.any():
+        return quiet
+    done = entries.state >= 2
+    behind = set()
+    for rank in quiet:
+        rows = np.flatnonzero(entries.rank == rank)
+        first = rows[np.argmin(entries.record[rows])]
+        if entries.is_p2p[first] or entries.seq[first] <= 1:
+            continue
+        before = done & (entries.group == entries.group[first]) & (entries.seq == entries.seq[first] - 1)
+        if before.any():
+            behind.add(rank)
+    return quiet - behind
 
 
 def place_of(run: Run, position) -> str:

@@ -220,7 +220,8 @@ def test_a_gather_s_root_is_not_at_odds_with_its_peers_for_listing_the_outputs(d
 class Groups:
     """Ranks issuing collectives in several groups, numbered per group as torch numbers them."""
 
-    def __init__(self, members: dict[str, list[int]], desc: str = "undefined") -> None:
+    def __init__(self, members: dict[str, list[int]], desc: str | dict[str, str] = "undefined") -> None:
+        """``desc``: every group's description, or one per group name."""
         self.members, self.desc = members, desc
         self.entries: dict[int, list[dict]] = {rank: [] for ranks in members.values() for rank in ranks}
         self.seqs: dict[tuple[int, str], int] = {}
@@ -228,16 +229,19 @@ class Groups:
     def call(self, rank: int, group: str, *, size: int = 8, state: str = "completed", dtype: str = "Float") -> None:
         seq = self.seqs[rank, group] = self.seqs.get((rank, group), 0) + 1
         rows = self.entries[rank]
-        rows.append({"record_id": len(rows), "process_group": (group, self.desc), "collective_seq_id": seq,
+        rows.append({"record_id": len(rows), "process_group": (group, self.desc_of(group)), "collective_seq_id": seq,
                      "p2p_seq_id": 0, "profiling_name": "nccl:all_reduce", "input_sizes": [[size]],
                      "output_sizes": [[size]], "input_dtypes": [dtype], "output_dtypes": [dtype], "state": state,
                      "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
+
+    def desc_of(self, group: str) -> str:
+        return self.desc[group] if isinstance(self.desc, dict) else self.desc
 
     def transfer(self, rank: int, group: str, name: str, *, state: str = "completed") -> None:
         """A send or receive (``send 0->1``: group-local ranks), numbered by the group's p2p count."""
         p2p_seq = self.seqs[rank, group, "p2p"] = self.seqs.get((rank, group, "p2p"), 0) + 1
         rows = self.entries[rank]
-        rows.append({"record_id": len(rows), "process_group": (group, self.desc),
+        rows.append({"record_id": len(rows), "process_group": (group, self.desc_of(group)),
                      "collective_seq_id": self.seqs.get((rank, group), 0), "p2p_seq_id": p2p_seq,
                      "profiling_name": f"nccl:{name}", "input_sizes": [[8]], "output_sizes": [[8]],
                      "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": state, "time_created_ns": 0,
@@ -547,3 +551,37 @@ def test_a_device_that_never_starts_a_batch_its_peer_started_is_the_root():
         programs[1].batch_p2p(["recv 1<-0", "send 1->0"], state="scheduled" if last else "completed", as_torch=True)
     root = diagnosis(programs).root
     assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("not_started", [1], [0])
+
+
+def test_a_rank_whose_ring_starts_at_the_call_its_device_never_started_is_the_root():
+    """Rank 1's CPU ran far ahead of its stuck device: its ring holds only calls it enqueued and
+    never started, from the very call its peers started and wait in. Its peers completed the call
+    before with it, so it is behind, not a rank whose entries never say whether they finished."""
+    job = device_stall_job(10, stalled=(1,), ahead=3)
+    job[1] = job[1][-4:]  # the ring kept the stuck call and the three enqueued after it
+    for door in ("entries", "arrow", "stored"):
+        root = diagnose_through(door, job).root
+        assert (root.kind, root.culprit_ranks, root.seq) == ("not_started", [1], 10), door
+
+
+def test_a_rank_held_up_by_another_is_not_named_for_the_extra_calls_its_role_issues():
+    """Three pipeline stages of tp pairs; the last (ranks 4, 5) issues two loss all_reduces in tp
+    every step that the other stages never issue. Rank 5's host hangs before step 5's: rank 4
+    waits in it, so its call of the step's closing all_reduce comes after more tp calls than the
+    other stages issue there. That is its stage's program, and rank 4 only waits for rank 5."""
+    tp = {rank: f"tp{rank // 2}" for rank in range(6)}
+    job = Groups({"world": list(range(6)), "tp0": [0, 1], "tp1": [2, 3], "tp2": [4, 5]},
+                 desc={"world": "default_pg", "tp0": "tp", "tp1": "tp", "tp2": "tp"})
+    for step in range(6):
+        last = step == 5
+        for rank in range(6):
+            job.call(rank, tp[rank], state="completed")
+            if rank >= 4:
+                if last and rank == 5:
+                    continue  # its host hangs here: nothing more is issued
+                for loss in range(2):
+                    job.call(rank, tp[rank], state=("started" if loss == 0 else "scheduled") if last else "completed")
+            job.call(rank, "world", state=("scheduled" if rank == 4 else "started") if last else "completed")
+    result = job.diagnosis()
+    assert result.root.culprit_ranks == [5]
+    assert all(f.culprit_ranks != [4] for f in result.findings)
