@@ -153,15 +153,16 @@ def _usual_call(run: Run, place: tuple[int, int]) -> dict:
     return {**described, "call": f"{described.get('op', 'call')} #{seq} of {run.group(group).label}"}
 
 
-def _legitimate(run: Run, position: Position) -> bool:
+def _legitimate(run: Run, position: Position, values: dict[int, int]) -> bool:
     """Whether the call a rank waits in is one the job issues there: a sibling group issued the
     same call at that sequence number, or the group's earlier calls predict it; and, when nobody
     else ever got that far in the group, the rank's calls of the group line up with the program
-    (a rank with an extra call earlier is one ahead of everybody)."""
+    (a rank with an extra call earlier is one ahead of everybody). ``values``: rank -> the call
+    each member issued there."""
     if position.seq < 0:
         return True
     seqs = run.sequences[position.group]
-    value = seqs.values_at(position.seq).get(position.rank)
+    value = values.get(position.rank)
     family = siblings_of(seqs, run.sequences)
     if any(value in s.values_at(position.seq).values() for s in family):
         return True
@@ -169,7 +170,7 @@ def _legitimate(run: Run, position: Position) -> bool:
     predicted = seqs.predicted(history, position.seq)
     if predicted is not None and predicted != value:
         return False
-    if family and len(seqs.values_at(position.seq)) == 1:
+    if family and len(values) == 1:
         peers = [m for m in seqs.group.members if m != position.rank and m in run.dumped]
         return shift_origin(run.calls, position.rank, position.group, peers=peers, before=position.seq,
                             roles=run.roles) is None
@@ -177,19 +178,38 @@ def _legitimate(run: Run, position: Position) -> bool:
 
 
 def _extra_callers(run: Run, graph: WaitGraph) -> dict[int, Position]:
-    """Ranks waiting, for peers that never came, in a call the job does not issue there."""
+    """Ranks waiting, for peers that never came, in a call the job does not issue there. Ranks
+    waiting in the same call with the same value get one answer (a whole job can wait in it)."""
     found = {}
+    values: dict[tuple[int, int], dict[int, int]] = {}
+    answers: dict[tuple, bool] = {}
     for rank, edges in graph.edges.items():
         for edge in edges:
-            if edge.how == "absent" and edge.target in run.dumped and not _legitimate(run, edge.waiter):
-                found.setdefault(rank, edge.waiter)
+            if edge.how != "absent" or edge.target not in run.dumped:
+                continue
+            where = edge.waiter
+            if where.seq < 0:
+                continue  # a send or receive: legitimate
+            place = (where.group, where.seq)
+            if place not in values:
+                values[place] = run.sequences[where.group].values_at(where.seq)
+            here = values[place]
+            key = (*place, here.get(where.rank), where.rank if len(here) == 1 else None)
+            if key not in answers:
+                answers[key] = _legitimate(run, where, here)
+            if not answers[key]:
+                found.setdefault(rank, where)
     return found
 
 
 def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]]:
-    """Absent ranks that went past the call they are waited in (they skipped it): rank -> edges."""
+    """Absent ranks that went past the call they are waited in (they skipped it): rank -> edges.
+    The answer depends on the call and the target, not on the waiter: it is worked out once for
+    every rank waiting there (a whole job can wait for one rank)."""
     group_desc = {code: group.desc or group.name for code, group in run.groups.items()}
     references: dict[tuple[int, int], Counter] = {}
+    verdicts: dict[tuple, bool] = {}
+    reach = _Reach(graph)
     found: dict[int, list[Edge]] = {}
     for edges in graph.edges.values():
         for edge in edges:
@@ -198,35 +218,42 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
                 continue
             if edge.waiter.seq < 0:  # a send or receive the target never posted
                 gap = _gap_of(run, edge)
-                if _free_or_circular(graph, edge) and gone_past_transfer(
-                        run.entries, edge.target, peer=gap.waiter, group=gap.group,
-                        op="recv" if gap.op == "send" else "send"):
+                key = (edge.target, gap.waiter, gap.group, gap.op)
+                if key not in verdicts:
+                    verdicts[key] = gone_past_transfer(run.entries, edge.target, peer=gap.waiter, group=gap.group,
+                                                       op="recv" if gap.op == "send" else "send")
+                if verdicts[key] and reach.free_or_circular(edge):
                     found.setdefault(edge.target, []).append(edge)
                 continue
             where = (edge.waiter.group, edge.waiter.seq)
-            if where not in references:
-                references[where] = _program_between(run, group_desc, edge.waiter.group, edge.waiter.seq)
-            if gone_past(edge, run.calls, group_desc, reference=references[where]):
+            key = (*where, edge.target)
+            if key not in verdicts:
+                if where not in references:
+                    references[where] = _program_between(run, group_desc, *where)
+                verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where])
+            if verdicts[key]:
                 found.setdefault(edge.target, []).append(edge)
     return found
 
 
 def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]]:
     """Behind ranks whose own call of the waited number comes after more calls than the program
-    issues before it (they skipped the call their peers wait in): rank -> edges."""
-    references: dict[tuple[int, int, int], tuple[Counter, set[str]] | None] = {}
+    issues before it (they skipped the call their peers wait in): rank -> edges. Worked out once
+    per call and target, as in ``_gone_past``."""
+    verdicts: dict[tuple[int, int, int], bool] = {}
+    reach = _Reach(graph)
     found: dict[int, list[Edge]] = {}
     for edges in graph.edges.values():
         for edge in edges:
             if edge.how != "behind" or edge.waiter.seq <= 1 or edge.target in settled or edge.waiter.rank in settled:
                 continue
-            where = (edge.waiter.group, edge.waiter.seq, edge.target)
-            if where not in references:
-                references[where] = _same_place(run, *where)
-            if references[where] is not None and _free_or_circular(graph, edge):
-                reference, played = references[where]
-                if late_for(edge, run.calls, run.roles, reference=reference, played=played):
-                    found.setdefault(edge.target, []).append(edge)
+            key = (edge.waiter.group, edge.waiter.seq, edge.target)
+            if key not in verdicts:
+                same = _same_place(run, *key)
+                verdicts[key] = same is not None and late_for(edge, run.calls, run.roles, reference=same[0],
+                                                              played=same[1])
+            if verdicts[key] and reach.free_or_circular(edge):
+                found.setdefault(edge.target, []).append(edge)
     for cycle in graph.cycles():  # a rank that only swapped two calls is late too: the order finding says more
         if set(cycle) & set(found):
             swapped = _out_of_order(run, cycle, [e.waiter for r in cycle for e in graph.edges[r] if e.target in cycle])
@@ -261,13 +288,29 @@ def _skipped_earlier(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -
             f"skipped the one they wait in"])
 
 
-def _free_or_circular(graph: WaitGraph, edge: Edge) -> bool:
-    """Whether the target of ``edge`` waits for nobody, or only, through others, for the waiter. A
-    rank held up by a third party never reached the call: what it did not issue there, or issued
-    out of the usual order, is a consequence."""
-    if not graph.edges.get(edge.target):
-        return True
-    return edge.target in graph.upstream({edge.waiter.rank})
+class _Reach:
+    """Whom a rank waits for, directly or through others, worked out once per rank."""
+
+    def __init__(self, graph: WaitGraph) -> None:
+        self.graph, self.known = graph, {}
+
+    def waited_by(self, rank: int) -> set[int]:
+        if rank not in self.known:
+            seen, frontier = set(), [rank]
+            while frontier:
+                for target in self.graph.targets(frontier.pop()):
+                    if target not in seen:
+                        seen.add(target)
+                        frontier.append(target)
+            self.known[rank] = seen
+        return self.known[rank]
+
+    def free_or_circular(self, edge: Edge) -> bool:
+        """Whether the target of ``edge`` waits for nobody, or only, through others, for the waiter.
+        A rank held up by a third party never reached the call: what it did not issue there, or
+        issued out of the usual order, is a consequence."""
+        waits_for = self.waited_by(edge.target)
+        return not waits_for or edge.waiter.rank in waits_for
 
 
 def _gap_of(run: Run, edge: Edge):

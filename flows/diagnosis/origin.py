@@ -17,6 +17,8 @@ from rankstream.flows.diagnosis.calls import Calls
 
 __all__ = ["shift_origin"]
 
+_PEERS = 16
+
 
 def _gaps(calls: Calls, rank: int, group: int, counted: np.ndarray) -> dict[int, int]:
     """seq -> how many calls of the ``counted`` groups the rank made between its previous call of
@@ -42,7 +44,9 @@ def shift_origin(calls: Calls, rank: int, group: int, *, peers: list[int], befor
     """The stretch ``(first, last)`` of ``rank``'s calls of ``group`` in which they stopped lining up
     with its peers' program, if that is before ``before``; None when they line up throughout.
     ``roles``: group code -> role. Only the calls of roles both sides play are counted: a peer's
-    calls in a group the rank has no part in say nothing of the rank's program."""
+    calls in a group the rank has no part in say nothing of the rank's program. At most
+    ``_PEERS`` peers are read: they run one program, and reading each costs a pass over every call."""
+    peers = peers[:_PEERS]
     mine_by_group = _roles_of(calls, rank, roles)
     mine: dict[int, int] = {}
     reference: dict[int, int] = {}

@@ -50,17 +50,13 @@ def stateless_ranks(entries: Entries) -> set[int]:
     quiet = set(np.unique(entries.rank).tolist()) - set(np.unique(entries.rank[progressed]).tolist())
     if not quiet or not progressed.any():
         return quiet
+    order = np.lexsort((entries.record, entries.rank))
+    starts = order[np.flatnonzero(np.r_[True, entries.rank[order][1:] != entries.rank[order][:-1]])]
+    firsts = starts[np.isin(entries.rank[starts], list(quiet)) & ~entries.is_p2p[starts] & (entries.seq[starts] > 1)]
     done = entries.state >= 2
-    behind = set()
-    for rank in quiet:
-        rows = np.flatnonzero(entries.rank == rank)
-        first = rows[np.argmin(entries.record[rows])]
-        if entries.is_p2p[first] or entries.seq[first] <= 1:
-            continue
-        before = done & (entries.group == entries.group[first]) & (entries.seq == entries.seq[first] - 1)
-        if before.any():
-            behind.add(rank)
-    return quiet - behind
+    completed = entries.group[done].astype(np.int64) << 32 | entries.seq[done].astype(np.int64)
+    previous = entries.group[firsts].astype(np.int64) << 32 | (entries.seq[firsts].astype(np.int64) - 1)
+    return quiet - set(entries.rank[firsts[np.isin(previous, completed)]].tolist())
 
 
 def place_of(run: Run, position) -> str:

@@ -35,6 +35,7 @@ class GroupSequences:
         self._op = calls.op[lo:hi]
         self._state = calls.state[lo:hi]
         self._lo = lo  # row of the first call in the run's Calls
+        self._consensus: dict[int, int] | None = None
 
     # -- whole-group views (numpy) ------------------------------------------------------------
     @cached_property
@@ -98,12 +99,23 @@ class GroupSequences:
         return dict(zip(self._seq[mine].tolist(), self._value[mine].tolist()))
 
     def consensus(self, exclude: set[int] = frozenset()) -> dict[int, int]:
-        """seq -> the value most of the other ranks issued there (ties: the lowest value)."""
-        keep = ~np.isin(self._rank, list(exclude)) if exclude else np.ones(len(self._rank), dtype=bool)
-        votes: dict[int, Counter] = {}
-        for seq, value in zip(self._seq[keep].tolist(), self._value[keep].tolist()):
-            votes.setdefault(seq, Counter())[value] += 1
-        return {seq: max(counter.items(), key=lambda kv: (kv[1], -kv[0]))[0] for seq, counter in votes.items()}
+        """seq -> the value most of the other ranks issued there (ties: the lowest value). Without
+        ``exclude`` it is worked out once: every rank waiting in a call asks for it."""
+        if not exclude and self._consensus is not None:
+            return self._consensus
+        keep = ~np.isin(self._rank, list(exclude)) if exclude else slice(None)
+        seq, value = self._seq[keep].astype(np.int64), self._value[keep].astype(np.int64)
+        found: dict[int, int] = {}
+        if len(seq):
+            span = int(value.max()) + 1
+            keys, counts = np.unique(seq * span + value, return_counts=True)
+            seqs, values = np.divmod(keys, span)
+            order = np.lexsort((values, -counts, seqs))  # per seq: the most votes, then the lowest value
+            first = order[np.r_[True, seqs[order][1:] != seqs[order][:-1]]]
+            found = dict(zip(seqs[first].tolist(), values[first].tolist()))
+        if not exclude:
+            self._consensus = found
+        return found
 
     def ops_seen(self, exclude: set[int] = frozenset()) -> set[int]:
         keep = ~np.isin(self._rank, list(exclude)) if exclude else slice(None)

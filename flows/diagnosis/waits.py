@@ -158,53 +158,87 @@ def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequen
                      *, stateless: set[int]) -> WaitGraph:
     graph = WaitGraph()
     last = {code: seqs.last_seq() for code, seqs in sequences.items()}
+    calls: dict[tuple[int, int], _Call] = {}  # what every rank waiting in one call shares, worked out once
     for position in positions:
         seqs = sequences.get(position.group)
         if seqs is None:
             continue
-        reached, states = last[position.group], seqs.states_at(position.seq)
-        edges = []
-        for member in seqs.group.members:
-            if member == position.rank:
-                continue
-            if member not in dumped or (member not in states and reached.get(member, -1) < position.seq):
-                edges.append(Edge(position, member, "absent"))
-            elif member in states and member not in stateless and states[member] == SCHEDULED \
-                    and states.get(position.rank) == STARTED:
-                edges.append(Edge(position, member, "behind"))
+        key = (position.group, position.seq)
+        if key not in calls:
+            calls[key] = _Call.of(seqs, position.seq, last[position.group], dumped, stateless)
+        call = calls[key]
+        edges = [Edge(position, member, "absent") for member in call.absent if member != position.rank]
+        if call.states.get(position.rank) == STARTED:
+            edges += [Edge(position, member, "behind") for member in call.scheduled if member != position.rank]
         if edges:
             graph.waiting.append(position)
             for edge in edges:
                 graph.add(edge)
-            continue
-        values = seqs.values_at(position.seq)
-        if len(set(values.values())) > 1:
+        elif call.disputed:
             graph.waiting.append(position)
             graph.disputed.append(position)
-        elif position.rank not in stateless:
-            peers = [state for rank, state in states.items() if rank != position.rank]
-            if peers and all(state >= COMPLETED for state in peers):
-                graph.stuck.append(position)
+        elif position.rank not in stateless and len(call.states) > 1 and call.unfinished <= {position.rank}:
+            graph.stuck.append(position)
     return graph
+
+
+@dataclass
+class _Call:
+    """One call of a group as every rank waiting in it sees it."""
+
+    states: dict[int, int]
+    #: Members that never issued it (or left no dump), and members that issued it but did not start it.
+    absent: list[int]
+    scheduled: list[int]
+    disputed: bool
+    unfinished: set[int]
+
+    @classmethod
+    def of(cls, seqs: GroupSequences, seq: int, reached: dict[int, int], dumped: set[int],
+           stateless: set[int]) -> "_Call":
+        states = seqs.states_at(seq)
+        absent = [m for m in seqs.group.members
+                  if m not in dumped or (m not in states and reached.get(m, -1) < seq)]
+        scheduled = [m for m in seqs.group.members
+                     if m in states and m not in stateless and states[m] == SCHEDULED]
+        return cls(states, absent, scheduled, len(set(seqs.values_at(seq).values())) > 1,
+                   {rank for rank, state in states.items() if state < COMPLETED})
 
 
 def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], *, seq: int,
                     without: int | None = None) -> Counter:
     """What the job issues between call ``seq - 1`` and call ``seq`` of a group: per (group kind,
-    op), the most any rank of ``groups`` (the group and its siblings) but ``without`` issued there."""
+    op), the most any rank of ``groups`` (the group and its siblings) but ``without`` issued there.
+    One pass over the calls for every rank at once (a rank at a time is ranks x calls)."""
+    rows = np.flatnonzero(np.isin(calls.group, groups) & ((calls.seq == seq) | (calls.seq == seq - 1)))
+    if not len(rows):
+        return Counter()
+    size = int(calls.rank.max()) + 1
+    low = np.full(size, -1, dtype=np.int64)  # per rank, the record of its call seq - 1 (-1: none)
+    high = np.full(size, -1, dtype=np.int64)  # and of its call seq
+    before, here = rows[calls.seq[rows] == seq - 1], rows[calls.seq[rows] == seq]
+    np.maximum.at(low, calls.rank[before], calls.record[before].astype(np.int64))
+    high[calls.rank[here]] = calls.record[here]
+    np.minimum.at(high, calls.rank[here], calls.record[here].astype(np.int64))
+    if without is not None and without < size:
+        high[without] = -1
+    record = calls.record.astype(np.int64)
+    between = np.flatnonzero((record > low[calls.rank]) & (record < high[calls.rank]) & (low[calls.rank] >= 0))
+    if not len(between):
+        return Counter()
+    labels = sorted(set(group_of.values()))
+    label_of = np.full(int(calls.group.max()) + 1, -1, dtype=np.int64)  # group code -> its kind's index
+    for code, name in group_of.items():
+        if code < len(label_of):
+            label_of[code] = labels.index(name)
+    ops = int(calls.op.max()) + 1
+    keys, counts = np.unique((calls.rank[between].astype(np.int64) * len(labels) + label_of[calls.group[between]])
+                             * ops + calls.op[between], return_counts=True)
     reference: Counter = Counter()
-    for code in groups:
-        rows = np.flatnonzero((calls.group == code) & ((calls.seq == seq) | (calls.seq == seq - 1)))
-        for rank in np.unique(calls.rank[rows]).tolist():
-            if rank == without:
-                continue
-            mine = rows[calls.rank[rows] == rank]
-            before, here = mine[calls.seq[mine] == seq - 1], mine[calls.seq[mine] == seq]
-            if not len(before) or not len(here):
-                continue
-            theirs = np.flatnonzero((calls.rank == rank) & (calls.record > calls.record[before].max())
-                                    & (calls.record < calls.record[here].min()))
-            reference |= Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in theirs)
+    for key, count in zip(keys.tolist(), counts.tolist()):
+        rest, op = divmod(key, ops)
+        kind = (labels[rest % len(labels)], op)
+        reference[kind] = max(reference[kind], count)
     return reference
 
 
