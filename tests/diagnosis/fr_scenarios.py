@@ -758,6 +758,16 @@ def _absent_expected(spec: _Spec, why: str) -> Expected:
                     f"#{seq}; {why}")
 
 
+def _last_op_of_step(job: _Job, spec: _Spec, rng, all_ranks) -> tuple[int, int, str, str]:
+    """The culprit and the last op of a step it fails in (a dp bucket, a pipeline's loss, or the
+    default barrier when the tag says so): (culprit, step, tag, group description)."""
+    gk = spec.tag.split("-")[0] if spec.tag.startswith(("dp", "default")) else "dp"
+    spec.culprit = c = _pick(rng, all_ranks, spec.tag.split("-")[-1])
+    if gk == "default":
+        return c, 11, "barrier", "default_pg"
+    return c, 10, ("loss" if job.pp > 1 and job.stage(c) == job.pp - 1 else f"bucket{BUCKETS - 1}"), "dp"
+
+
 def _build(spec: _Spec) -> _Spec:
     """Fill in culprit, mutations and expected for one spec."""
     job = _Job(spec.layout)
@@ -929,13 +939,7 @@ def _build(spec: _Spec) -> _Spec:
         return spec
 
     if f == "stuck_in_collective":
-        gk = spec.tag.split("-")[0] if spec.tag.startswith(("dp", "default")) else "dp"
-        spec.culprit = _pick(rng, all_ranks, spec.tag.split("-")[-1])
-        c = spec.culprit
-        if gk == "default":
-            step, tag, desc = 11, "barrier", "default_pg"
-        else:
-            step, tag, desc = 10, ("loss" if job.pp > 1 and job.stage(c) == job.pp - 1 else f"bucket{BUCKETS - 1}"), "dp"
+        c, step, tag, desc = _last_op_of_step(job, spec, rng, all_ranks)
         spec.stuck = (c, step, tag)
         prog = _program(job, c)
         seq = _seq_at(prog, _find(prog, step, tag))
@@ -948,13 +952,7 @@ def _build(spec: _Spec) -> _Spec:
         return spec
 
     if f == "not_started":
-        gk = spec.tag.split("-")[0] if spec.tag.startswith(("dp", "default")) else "dp"
-        spec.culprit = _pick(rng, all_ranks, spec.tag.split("-")[-1])
-        c = spec.culprit
-        if gk == "default":
-            step, tag, desc = 11, "barrier", "default_pg"
-        else:
-            step, tag, desc = 10, ("loss" if job.pp > 1 and job.stage(c) == job.pp - 1 else f"bucket{BUCKETS - 1}"), "dp"
+        c, step, tag, desc = _last_op_of_step(job, spec, rng, all_ranks)
         spec.held = (c, step, tag)
         prog = _program(job, c)
         seq = _seq_at(prog, _find(prog, step, tag))
