@@ -6,11 +6,15 @@ nearly free (docs/benchmarks.md has the figures). So every ``interval_s`` the ta
 
 1. reads only the groups' progress (last enqueued/started/completed collective per group) and puts
    it on the heartbeats;
-2. takes a full dump, without stack traces, only if progress was made and a dump is due: every
-   ``full_every_s`` (1 s by default), but never more often than keeps full dumps under
-   ``DUMP_CPU_SHARE`` of one core (with a full ring, every few seconds); sooner when half the ring has been refilled (so no entry is ever
-   missed), or when a collective looks stuck (enqueued but not completed, with no progress since
-   the last tick: the live hang detector needs those entries quickly);
+2. takes a full dump, without stack traces, only if progress was made since the last one and a
+   dump is due. A dump holds the GIL for tens of milliseconds (torch builds it without releasing
+   it), which the training thread waits out, so dumps are driven by need, not by a clock:
+   when half the ring has been refilled (so no entry is ever missed), when a collective looks
+   stuck (enqueued but not completed, with no progress since the last tick: the live hang
+   detector needs those entries quickly), or when the rank has just stopped making progress (its
+   peers may be waiting for it, and a paused rank is not slowed by the dump). Otherwise only for
+   freshness: every ``full_every_s`` at most, and never more often than keeps these dumps under
+   ``DUMP_CPU_SHARE`` of one core (with a full ring, about every 30 s);
 3. publishes only entries that are new or whose state changed, keyed by ``record_id``, and the
    process groups when they change; while the producer would drop them anyway (the broker is down
    and its spool full), it takes no full dumps, and the next one after that publishes what the ring
@@ -76,9 +80,9 @@ def _pending(status: dict[str, dict[str, int]]) -> set[str]:
             if s.get("last_enqueued", -1) > s.get("last_completed", s.get("last_enqueued", -1))}
 
 
-#: The most of one core periodic full dumps may use: each dump holds the GIL, so the training
-#: thread waits on it.
-DUMP_CPU_SHARE = 0.01
+#: The most of one core the dumps taken only for freshness may use: each holds the GIL, so the
+#: training thread waits on it (docs/benchmarks.md, "Measurements behind the code").
+DUMP_CPU_SHARE = 0.002
 
 
 class FlightRecorderTap:
@@ -98,6 +102,8 @@ class FlightRecorderTap:
         self._status: dict[str, dict[str, int]] = {}
         self._status_at_full: dict[str, dict[str, int]] | None = None
         self._last_full = 0.0
+        self._newest_record = -1  # the newest record_id of the last full dump
+        self._records_per_s = 0.0  # how fast the ring filled between the last two dumps, p2p included
         self._full_cost_s = 0.0  # CPU time of the last full dump, parse and diff
         self._stall_reported: dict[str, int] = {}
         self._idle_ticks = 0
@@ -166,14 +172,17 @@ class FlightRecorderTap:
             return True
         if self._status == self._status_at_full:
             return False
-        new = sum(max(0, s.get("last_enqueued", 0) - self._status_at_full.get(g, {}).get("last_enqueued", -1))
-                  for g, s in self._status.items())
+        if stuck or self._idle_ticks == 1:
+            return True
+        now = time.monotonic()
+        new = max(self._records_per_s * (now - self._last_full),  # sends and receives are not in the progress
+                  sum(max(0, s.get("last_enqueued", 0) - self._status_at_full.get(g, {}).get("last_enqueued", -1))
+                      for g, s in self._status.items()))
         period = max(self._full_every, self._full_cost_s / self._dump_cpu_share if self._dump_cpu_share else 0.0)
-        return bool(stuck) or new >= self._ring // 2 or time.monotonic() - self._last_full >= period
+        return new >= self._ring // 2 or now - self._last_full >= period
 
     def _publish(self, dump: dict[str, Any]) -> int:
         self.full_dumps += 1
-        self._last_full = time.monotonic()
         self._status_at_full = dict(self._status)
         changed = []
         present: dict[int, tuple] = {}  # only what the ring still holds, so memory stays bounded
@@ -189,6 +198,7 @@ class FlightRecorderTap:
                 except ValueError:
                     continue
         self._seen = present
+        self._note_fill_rate(max((r for r in present if isinstance(r, int)), default=self._newest_record))
         if changed:
             self._producer.emit_fr_entries(changed)
             self.published += len(changed)
@@ -197,6 +207,12 @@ class FlightRecorderTap:
             self._groups = groups
             self._producer.emit_process_groups(groups)
         return len(changed)
+
+    def _note_fill_rate(self, newest_record: int) -> None:
+        now = time.monotonic()
+        if self._newest_record >= 0 and now > self._last_full:
+            self._records_per_s = max(0, newest_record - self._newest_record) / (now - self._last_full)
+        self._newest_record, self._last_full = newest_record, now
 
     def _report_stall(self, groups: set[str]) -> None:
         """Publish where the training thread is, once per stuck collective."""

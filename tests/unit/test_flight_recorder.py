@@ -161,6 +161,47 @@ def test_periodic_dumps_stay_within_their_cpu_share():
     assert ring.full_dumps == 2 and [e["record_id"] for e in recorder.fr[-1]] == [2]
 
 
+def test_a_rank_that_stops_progressing_publishes_where_it_stopped_at_once():
+    """Between need-driven dumps the tap waits long (a dump holds the GIL); a rank that pauses is
+    dumped on its first quiet tick, whatever the freshness period, and only once."""
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, full_every_s=3600, dumps=ring.dumps())
+    tap.snapshot()
+    ring.entries = ring.entries + [dump_entry(2)]
+    ring.enqueued = ring.completed = 2
+    tap.snapshot()
+    assert ring.full_dumps == 1  # progress, completed: not due for an hour
+    tap.snapshot()
+    assert ring.full_dumps == 2 and [e["record_id"] for e in recorder.fr[-1]] == [2]
+    tap.snapshot()
+    assert ring.full_dumps == 2  # still quiet, nothing new: no dump
+
+
+def test_sends_and_receives_count_towards_refilling_the_ring(monkeypatch):
+    """Groups' progress counts collectives only; the ring also fills with sends and receives. The
+    fill rate seen between two dumps (their newest record ids) makes the next dump due before the
+    ring overwrites what was not yet published."""
+    clock = [100.0]
+    monkeypatch.setattr("rankstream.producers.flight_recorder.time.monotonic", lambda: clock[0])
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, full_every_s=3600, ring_size=20, dumps=ring.dumps())
+    tap.snapshot()
+
+    def one_collective_and_eight_transfers(seconds):
+        ring.entries = ring.entries + [dump_entry(len(ring.entries) + i) for i in range(9)]
+        ring.enqueued = ring.completed = ring.enqueued + 1
+        clock[0] += seconds
+
+    one_collective_and_eight_transfers(1.0)
+    tap.snapshot()
+    assert ring.full_dumps == 1  # by the groups' progress, 1 new entry of a 20-entry ring
+    tap.snapshot()  # the rank paused: dumped, and the fill rate is now known (9 per second)
+    assert ring.full_dumps == 2
+    one_collective_and_eight_transfers(1.2)
+    tap.snapshot()
+    assert ring.full_dumps == 3 and len(recorder.fr[-1]) == 9
+
+
 def test_a_stuck_collective_triggers_a_dump_and_reports_the_live_stack():
     ring, recorder = FakeRing(), Recorder()
     tap = FlightRecorderTap(recorder, full_every_s=3600, dumps=ring.dumps(),
