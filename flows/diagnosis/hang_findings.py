@@ -96,7 +96,7 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
         if set(cycle) & reaching:
             continue
         edges = [edge for rank in cycle for edge in graph.edges[rank] if edge.target in cycle]
-        reversed_order = _out_of_order(run, cycle, [edge.waiter for edge in edges])
+        reversed_order = _out_of_order(run, cycle, [edge.waiter for edge in edges], graph=graph)
         if reversed_order is not None:
             findings.append(reversed_order)
             continue
@@ -109,29 +109,45 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
     return findings
 
 
-def _out_of_order(run: Run, cycle: list[int], positions: list[Position]) -> Finding | None:
+def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, graph: WaitGraph) -> Finding | None:
     """A deadlock that one side caused: ranks of the cycle that issued two of its calls (in two
     groups) in the reverse of the order a strict majority of the groups' common members issued
-    them. A rank that issued only one of the two is taken to reach the other later. None when the
-    order splits evenly (every rank reached its calls in order: a deadlock by design)."""
+    them. A rank that issued only one of the two is taken to reach the other later. When the order
+    splits evenly (two ranks, one each way), the side that issued the previous two calls of these
+    groups the other way round changed its order. None when nothing tells them apart (every rank
+    reached its calls in the order it always does: a deadlock by design)."""
     calls = run.calls
     places = sorted({(p.group, p.seq) for p in positions if p.seq > 0})
-    records = {}
-    for group, seq in places:
-        rows = np.flatnonzero((calls.group == group) & (calls.seq == seq))
-        records[group, seq] = dict(zip(calls.rank[rows].tolist(), calls.record[rows].tolist()))
+    records: dict[tuple[int, int], dict[int, int]] = {}
+
+    def record_of(place: tuple[int, int]) -> dict[int, int]:
+        if place not in records:
+            rows = np.flatnonzero((calls.group == place[0]) & (calls.seq == place[1]))
+            records[place] = dict(zip(calls.rank[rows].tolist(), calls.record[rows].tolist()))
+        return records[place]
+
+    def first_first(rank: int, first: tuple[int, int], second: tuple[int, int]) -> bool | None:
+        mine, theirs = record_of(first).get(rank), record_of(second).get(rank)
+        if mine is None and theirs is None:
+            return None
+        return theirs is None or (mine is not None and mine < theirs)
+
     for first, second in ((a, b) for i, a in enumerate(places) for b in places[i + 1:] if a[0] != b[0]):
         common = set(run.group(first[0]).members) & set(run.group(second[0]).members)
-        order = {}
-        for rank in common:
-            mine, theirs = records[first].get(rank), records[second].get(rank)
-            if mine is not None or theirs is not None:
-                order[rank] = theirs is None or (mine is not None and mine < theirs)
+        order = {rank: way for rank in common if (way := first_first(rank, first, second)) is not None}
         majority = Counter(order.values()).most_common(1)
-        if not majority or majority[0][1] * 2 <= len(order):
+        if not majority:
             continue
-        usual = majority[0][0]
-        culprits = sorted(rank for rank, first_first in order.items() if first_first != usual and rank in cycle)
+        by_majority = majority[0][1] * 2 > len(order)
+        if by_majority:
+            usual = majority[0][0]
+        else:  # split evenly: each rank's own previous pair of calls says which way it usually goes
+            before = {rank: first_first(rank, (first[0], first[1] - 1), (second[0], second[1] - 1)) for rank in order}
+            kept = {rank for rank, way in order.items() if before[rank] == way}
+            if not kept or len(kept) == len(order) or len({order[rank] for rank in kept}) > 1:
+                continue
+            usual = order[next(iter(kept))]
+        culprits = sorted(rank for rank, way in order.items() if way != usual and rank in cycle)
         if not culprits:
             continue
         before, after = (first, second) if usual else (second, first)  # the majority's order
@@ -139,10 +155,12 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position]) -> Find
         return Finding(
             kind="order_mismatch", culprit_ranks=culprits, group=run.group(before[0]).name,
             group_desc=run.group(before[0]).desc, seq=before[1], expected=expected, actual=actual,
-            waiting_ranks=sorted(rank for rank in cycle if rank not in culprits), in_flight=True,
+            waiting_ranks=sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits)), in_flight=True,
             evidence=[f"{ranks_text(culprits)} issued {actual['call']} before {expected['call']}; "
-                      f"{len(order) - len(culprits)} of the {len(order)} ranks in both groups issue them the "
-                      "other way round, so each side waits for the other (deadlock)"])
+                      + (f"{len(order) - len(culprits)} of the {len(order)} ranks in both groups issue them the "
+                         "other way round" if by_majority else
+                         "its previous calls of these groups, and its peer's, went the other way round")
+                      + ", so each side waits for the other (deadlock)"])
     return None
 
 
@@ -241,6 +259,7 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
     issues before it (they skipped the call their peers wait in): rank -> edges. Worked out once
     per call and target, as in ``_gone_past``."""
     verdicts: dict[tuple[int, int, int], bool] = {}
+    places: dict[tuple[int, int, int], tuple[Counter, set[str]] | None] = {}
     reach = _Reach(graph)
     found: dict[int, list[Edge]] = {}
     for edges in graph.edges.values():
@@ -249,14 +268,23 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
                 continue
             key = (edge.waiter.group, edge.waiter.seq, edge.target)
             if key not in verdicts:
-                same = _same_place(run, *key)
+                same = places[key] = _same_place(run, *key)
                 verdicts[key] = same is not None and late_for(edge, run.calls, run.roles, reference=same[0],
                                                               played=same[1])
             if verdicts[key] and reach.free_or_circular(edge):
                 found.setdefault(edge.target, []).append(edge)
+    for cycle in graph.cycles():
+        late = set(cycle) & set(found)
+        if len(late) > 1:  # late for each other: only a rank late against its own program too changed it
+            for rank in late:
+                if not any(late_for(edge, run.calls, run.roles, reference=places[key][0], played=places[key][1],
+                                    own_program=True)
+                           for edge in found[rank] if (key := (edge.waiter.group, edge.waiter.seq, rank))):
+                    found.pop(rank)
     for cycle in graph.cycles():  # a rank that only swapped two calls is late too: the order finding says more
         if set(cycle) & set(found):
-            swapped = _out_of_order(run, cycle, [e.waiter for r in cycle for e in graph.edges[r] if e.target in cycle])
+            swapped = _out_of_order(run, cycle, [e.waiter for r in cycle for e in graph.edges[r] if e.target in cycle],
+                                    graph=graph)
             for rank in swapped.culprit_ranks if swapped is not None else ():
                 found.pop(rank, None)
     return found

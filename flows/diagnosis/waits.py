@@ -14,7 +14,9 @@ them apart is program order: the rank that skipped has *gone past* the call it w
 (after its previous call in that group it issued more than the waiter issued before that call),
 while in a deadlock each rank waits in a call it reached in order. A rank waited for in a send or
 receive it never posted has gone past it when, since its last transfer of that kind with that
-peer, it issued more collective calls than it ever issued between two of them. A rank waited for
+peer, it issued more collective calls than it ever issued between two of them, or when its last
+period (between two calls of a collective that recurs, such as the step's last all_reduce) holds
+fewer such transfers than every earlier one (a step that posts several alike sends). A rank waited for
 in a call it did enqueue (behind) skipped it when it issued more calls than the program between
 its previous call of the group and that one: its call of that number is a later one.
 """
@@ -259,7 +261,8 @@ def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: 
 def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op: str) -> bool:
     """Whether ``rank``, waited for in a ``op`` (send or recv) with ``peer`` it never posted, went
     past it: after its last such transfer it issued collective calls of some group and op more
-    often than between any two of its earlier ones (see the module docstring)."""
+    often than between any two of its earlier ones, or it closed a period with fewer of these
+    transfers than every earlier period (see the module docstring)."""
     if op not in entries.vocabulary.ops:
         return False
     code = entries.vocabulary.ops.index(op)
@@ -280,21 +283,62 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
     for lo, hi in zip(marks[:-1].tolist(), marks[1:].tolist()):
         reference |= between(lo, hi)
     since = between(int(marks[-1]), len(rows))
-    return any(count > reference.get(key, 0) for key, count in since.items())
+    if any(count > reference.get(key, 0) for key, count in since.items()):
+        return True
+    return _short_period(keys, collective, mine)
 
 
-def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter, played: set[str]) -> bool:
+def _short_period(keys: list[tuple[int, int]], collective: np.ndarray, mine: np.ndarray) -> bool:
+    """Whether the stretch between the last two calls of some collective kind (its period: a step
+    ends with the same call every time) holds fewer of the transfers ``mine`` marks than every
+    earlier stretch between two calls of that kind. A step that posts several alike sends, one of
+    which was skipped, looks normal to the stretches between transfers; its period does not."""
+    positions: dict[tuple[int, int], list[int]] = {}
+    for index in np.flatnonzero(collective).tolist():
+        positions.setdefault(keys[index], []).append(index)
+    before = np.concatenate([[0], np.cumsum(mine)])  # transfers before each position
+    last_mark = int(np.flatnonzero(mine)[-1])
+    for calls in positions.values():
+        if len(calls) < 3 or calls[-1] < last_mark:
+            continue
+        counts = [int(before[hi] - before[lo + 1]) for lo, hi in zip(calls[:-1], calls[1:])]
+        if counts[-1] < min(counts[:-1]):
+            return True
+    return False
+
+
+def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter, played: set[str],
+             own_program: bool = False) -> bool:
     """Whether the behind target of ``edge`` issued its own call of the waited number only after
     more calls of some kind than the job issues between the group's previous call and that one
     (``reference``, from ``program_between``): its call of that number is a later call, and the
     one its peers wait in is one it skipped. Only the calls of ``played`` (the kinds of group its
-    peers are members of) are counted: the others say nothing of the program its peers run."""
+    peers are members of) are counted: the others say nothing of the program its peers run.
+    ``own_program`` also asks for more than the rank issued itself between any two earlier calls
+    of the group: when the only peers playing a role are late themselves (two ranks that swapped
+    two calls look late to each other), the reference is short, and the rank's own program tells
+    which of them changed it."""
     group, seq = edge.waiter.group, edge.waiter.seq
     rows = np.flatnonzero(calls.rank == edge.target)
     in_group = rows[calls.group[rows] == group]
-    here, before = in_group[calls.seq[in_group] == seq], in_group[calls.seq[in_group] == seq - 1]
-    if not len(here) or not len(before):
+    if not (calls.seq[in_group] == seq).any() or not (calls.seq[in_group] == seq - 1).any():
         return False
-    between = rows[(calls.record[rows] > calls.record[before].max()) & (calls.record[rows] < calls.record[here].min())]
-    theirs = Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in between)
-    return any(count > reference.get(kind, 0) for kind, count in theirs.items() if kind[0] in played)
+    ordered = rows[np.argsort(calls.record[rows], kind="stable")]
+    kinds = [(group_of[int(g)], int(o)) for g, o in zip(calls.group[ordered].tolist(), calls.op[ordered].tolist())]
+    mine = (calls.group[ordered] == group).tolist()
+    seqs = calls.seq[ordered].tolist()
+    place, last = {}, {}  # seq -> index in ``ordered`` of the rank's first (last) call of that number
+    for index in np.flatnonzero(mine).tolist():
+        place.setdefault(seqs[index], index)
+        last[seqs[index]] = index
+    theirs = Counter(kinds[last[seq - 1] + 1:place[seq]]) if last[seq - 1] < place[seq] else Counter()
+    excess = {kind for kind, count in theirs.items() if kind[0] in played and count > reference.get(kind, 0)}
+    if not excess or not own_program:
+        return bool(excess)
+    # its own earlier periods: a rank whose program puts these calls there every time did not skip
+    own: Counter = Counter()
+    for earlier, index in last.items():
+        after = place.get(earlier + 1)
+        if earlier + 1 < seq and after is not None and index < after:
+            own |= Counter(kind for kind in kinds[index + 1:after] if kind in excess)
+    return any(theirs[kind] > own.get(kind, 0) for kind in excess)

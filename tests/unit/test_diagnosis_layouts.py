@@ -295,8 +295,24 @@ def test_a_rank_that_reversed_two_groups_calls_is_the_root_of_the_deadlock():
     assert "all_reduce #10 of undefined (pg 1) before all_reduce #9" in root.headline()
 
 
-def test_a_deadlock_with_no_majority_order_names_every_rank_of_the_cycle():
+def test_with_no_majority_order_the_rank_that_changed_its_own_order_is_the_root():
+    """Two ranks, one each way: no majority, but rank 1 issued the same two groups' previous calls
+    the other way round, as rank 0 still does."""
     root = interleaved(reverse={1}, ranks=2).diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("order_mismatch", [1], [0])
+    assert "its previous calls of these groups" in root.evidence[0]
+
+
+def test_a_deadlock_with_no_majority_and_no_change_of_order_names_every_rank_of_the_cycle():
+    """Each rank calls the two groups in the order it always did (a job that relied on both calls
+    running at once): nothing tells who is at fault."""
+    job = Groups({"1": [0, 1], "2": [0, 1]})
+    for step in range(9):
+        last = step == 8
+        for rank, order in ((0, ("1", "2")), (1, ("2", "1"))):
+            job.call(rank, order[0], state="started" if last else "completed")
+            job.call(rank, order[1], state="scheduled" if last else "completed")
+    root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks) == ("deadlock", [0, 1])
 
 
@@ -585,3 +601,43 @@ def test_a_rank_held_up_by_another_is_not_named_for_the_extra_calls_its_role_iss
     result = job.diagnosis()
     assert result.root.culprit_ranks == [5]
     assert all(f.culprit_ranks != [4] for f in result.findings)
+
+
+def test_a_rank_that_skipped_one_of_several_alike_sends_and_went_on_is_the_p2p_root():
+    """Stage 1 (rank 1) sends two gradients per step back to stage 0 (rank 0), then both join the
+    step's all_reduce. In the last step rank 1 posts one send only and goes on into the all_reduce,
+    where it waits for rank 0, which waits for the second gradient: a cycle, but only rank 1 left
+    its program (every earlier step between two all_reduces held two sends)."""
+    job = Groups({"world": [0, 1], "pp": [0, 1]})
+    for step in range(6):
+        last = step == 5
+        for index in range(2):
+            skipped = last and index == 1
+            if not skipped:
+                job.transfer(1, "pp", "send 1->0")
+            job.transfer(0, "pp", "recv 0<-1", state="started" if skipped else "completed")
+        job.call(1, "world", state="started" if last else "completed")
+        if not last:
+            job.call(0, "world")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks) == ("p2p_unmatched", [1])
+    assert any("went on" in line for line in root.evidence)
+
+
+def test_a_rank_of_two_overlapping_groups_that_swapped_their_calls_is_the_root():
+    """Groups A = ranks 0-3 and B = ranks 2-5, every step A then B. In the last step rank 3 issues
+    B before A: rank 2 waits in A for rank 3, rank 3 in B for rank 2. Ranks 2 and 3 are the only
+    members of both, one each way; rank 3's own earlier steps went A then B."""
+    job = Groups({"A": [0, 1, 2, 3], "B": [2, 3, 4, 5]})
+    for step in range(6):
+        last = step == 5
+        for rank in range(6):
+            order = ("B", "A") if last and rank == 3 else ("A", "B")
+            for group in order:
+                if rank not in job.members[group]:
+                    continue
+                first = group == order[0] or rank not in job.members[order[0]]
+                job.call(rank, group, state=("started" if first else "scheduled") if last else "completed")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks) == ("order_mismatch", [3])
+    assert root.waiting_ranks == [0, 1, 2, 4, 5]
