@@ -277,9 +277,7 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
         late = set(cycle) & set(found)
         if len(late) > 1:  # late for each other: only a rank late against its own program too changed it
             for rank in late:
-                if not any(late_for(edge, run.calls, run.roles, reference=places[key][0], played=places[key][1],
-                                    own_program=True)
-                           for edge in found[rank] if (key := (edge.waiter.group, edge.waiter.seq, rank))):
+                if not any(_late_in_own_program(run, edge, places) for edge in found[rank]):
                     found.pop(rank)
     for cycle in graph.cycles():  # a rank that only swapped two calls is late too: the order finding says more
         if set(cycle) & set(found):
@@ -288,6 +286,12 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
             for rank in swapped.culprit_ranks if swapped is not None else ():
                 found.pop(rank, None)
     return found
+
+
+def _late_in_own_program(run: Run, edge: Edge, places: dict) -> bool:
+    """``late_for`` against the target's own earlier calls of the group as well."""
+    reference, played = places[edge.waiter.group, edge.waiter.seq, edge.target]
+    return late_for(edge, run.calls, run.roles, reference=reference, played=played, own_program=True)
 
 
 def _same_place(run: Run, group: int, seq: int, target: int) -> tuple[Counter, set[str]] | None:
