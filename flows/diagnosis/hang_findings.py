@@ -22,7 +22,7 @@ from rankstream.flows.diagnosis.p2p import Mismatch
 from rankstream.flows.diagnosis.program_order import completed_later, first_in_program
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
-from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, gone_past,
+from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, came_early, gone_past,
                                               gone_past_transfer, late_for, program_between, waiting_positions)
 
 __all__ = ["wait_graph", "hang_findings"]
@@ -113,9 +113,10 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
     """A deadlock that one side caused: ranks of the cycle that issued two of its calls (in two
     groups) in the reverse of the order a strict majority of the groups' common members issued
     them. A rank that issued only one of the two is taken to reach the other later. When the order
-    splits evenly (two ranks, one each way), the side that issued the previous two calls of these
-    groups the other way round changed its order. None when nothing tells them apart (every rank
-    reached its calls in the order it always does: a deadlock by design)."""
+    splits evenly (two ranks, one each way), the side that issued its first call of the two early
+    by its own program (``came_early``) changed it: it swapped the two calls, or, if it never
+    issued the other one, skipped that one (a ``skipped_collective``). None when nothing tells them
+    apart (every rank reached its calls as its program does: a deadlock by design)."""
     calls = run.calls
     places = sorted({(p.group, p.seq) for p in positions if p.seq > 0})
     records: dict[tuple[int, int], dict[int, int]] = {}
@@ -141,16 +142,19 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
         by_majority = majority[0][1] * 2 > len(order)
         if by_majority:
             usual = majority[0][0]
-        else:  # split evenly: each rank's own previous pair of calls says which way it usually goes
-            before = {rank: first_first(rank, (first[0], first[1] - 1), (second[0], second[1] - 1)) for rank in order}
-            kept = {rank for rank, way in order.items() if before[rank] == way}
-            if not kept or len(kept) == len(order) or len({order[rank] for rank in kept}) > 1:
+        else:  # split evenly: each rank's own program says which of them changed its order
+            changed = {rank for rank, way in order.items()
+                       if came_early(calls, rank, call=first if way else second, other=(second if way else first)[0],
+                                     from_start=run.starts_at_first_entry(rank))}
+            if not changed or len(changed) == len(order) or len({order[rank] for rank in changed}) > 1:
                 continue
-            usual = order[next(iter(kept))]
+            usual = not order[next(iter(changed))]
         culprits = sorted(rank for rank, way in order.items() if way != usual and rank in cycle)
         if not culprits:
             continue
         before, after = (first, second) if usual else (second, first)  # the majority's order
+        if not by_majority and all(record_of(before).get(rank) is None for rank in culprits):
+            return _skipped_in_cycle(run, graph, cycle, culprits, skipped=before, issued=after)
         expected, actual = _usual_call(run, before), _usual_call(run, after)
         return Finding(
             kind="order_mismatch", culprit_ranks=culprits, group=run.group(before[0]).name,
@@ -159,9 +163,25 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
             evidence=[f"{ranks_text(culprits)} issued {actual['call']} before {expected['call']}; "
                       + (f"{len(order) - len(culprits)} of the {len(order)} ranks in both groups issue them the "
                          "other way round" if by_majority else
-                         "its previous calls of these groups, and its peer's, went the other way round")
+                         f"since its previous call of {run.group(after[0]).label} it issued fewer calls of "
+                         f"{run.group(before[0]).label} than its own program always did, and its peer kept to its "
+                         "program")
                       + ", so each side waits for the other (deadlock)"])
     return None
+
+
+def _skipped_in_cycle(run: Run, graph: WaitGraph, cycle: list[int], culprits: list[int], *,
+                      skipped: tuple[int, int], issued: tuple[int, int]) -> Finding:
+    """Ranks of a two-sided cycle that never issued the call their peer waits in, and issued the
+    call they wait in early by their own program: one of several alike calls was skipped."""
+    group = run.group(skipped[0])
+    return Finding(
+        kind="skipped_collective", culprit_ranks=culprits, group=group.name, group_desc=group.desc, seq=skipped[1],
+        expected=run.describe(run.sequences[skipped[0]].usual_at(skipped[1])),
+        waiting_ranks=sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits)), in_flight=True,
+        evidence=[f"{ranks_text(culprits)} never issued {_usual_call(run, skipped)['call']} and went on to "
+                  f"{_usual_call(run, issued)['call']} after fewer calls of {group.label} than its own program "
+                  "always issues there: it skipped one of them"])
 
 
 def _usual_call(run: Run, place: tuple[int, int]) -> dict:
@@ -291,7 +311,8 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
 def _late_in_own_program(run: Run, edge: Edge, places: dict) -> bool:
     """``late_for`` against the target's own earlier calls of the group as well."""
     reference, played = places[edge.waiter.group, edge.waiter.seq, edge.target]
-    return late_for(edge, run.calls, run.roles, reference=reference, played=played, own_program=True)
+    return late_for(edge, run.calls, run.roles, reference=reference, played=played, own_program=True,
+                    from_start=run.starts_at_first_entry(edge.target))
 
 
 def _same_place(run: Run, group: int, seq: int, target: int) -> tuple[Counter, set[str]] | None:

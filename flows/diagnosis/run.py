@@ -40,6 +40,12 @@ class Run:
     def group(self, code: int) -> Group:
         return self.groups[code]
 
+    def starts_at_first_entry(self, rank: int) -> bool:
+        """Whether ``rank``'s ring still holds its first entry (record 0): it never wrapped, so its
+        program is there from the start."""
+        records = self.entries.record[self.entries.rank == rank]
+        return bool(len(records)) and int(records.min()) == 0
+
 
 def stateless_ranks(entries: Entries) -> set[int]:
     """Ranks whose entries never say whether they finished (gloo: all 'scheduled', no times). A

@@ -33,7 +33,7 @@ from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
-           "gone_past_transfer", "late_for"]
+           "gone_past_transfer", "late_for", "came_early"]
 
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 
@@ -285,30 +285,59 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
     since = between(int(marks[-1]), len(rows))
     if any(count > reference.get(key, 0) for key, count in since.items()):
         return True
-    return _short_period(keys, collective, mine)
+    return _short_period(keys, collective, mine, from_start=int(entries.record[rows].min()) == 0)
 
 
-def _short_period(keys: list[tuple[int, int]], collective: np.ndarray, mine: np.ndarray) -> bool:
+def _short_period(keys: list[tuple[int, int]], collective: np.ndarray, mine: np.ndarray, *, from_start: bool) -> bool:
     """Whether the stretch between the last two calls of some collective kind (its period: a step
     ends with the same call every time) holds fewer of the transfers ``mine`` marks than every
     earlier stretch between two calls of that kind. A step that posts several alike sends, one of
-    which was skipped, looks normal to the stretches between transfers; its period does not."""
+    which was skipped, looks normal to the stretches between transfers; its period does not.
+    ``from_start``: the ring holds the rank's first entry, so its first period counts from there
+    when it is the only earlier one."""
     positions: dict[tuple[int, int], list[int]] = {}
     for index in np.flatnonzero(collective).tolist():
         positions.setdefault(keys[index], []).append(index)
     before = np.concatenate([[0], np.cumsum(mine)])  # transfers before each position
     last_mark = int(np.flatnonzero(mine)[-1])
     for calls in positions.values():
-        if len(calls) < 3 or calls[-1] < last_mark:
+        if calls[-1] < last_mark:
             continue
         counts = [int(before[hi] - before[lo + 1]) for lo, hi in zip(calls[:-1], calls[1:])]
-        if counts[-1] < min(counts[:-1]):
+        if len(counts) == 1 and from_start:  # only when no whole period is there: it may start mid-period
+            counts.insert(0, int(before[calls[0]]))
+        if len(counts) > 1 and counts[-1] < min(counts[:-1]):
             return True
     return False
 
 
+def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: int, from_start: bool) -> bool:
+    """Whether ``rank`` issued ``call`` (group, seq) sooner than its own program puts it: since its
+    previous call of that group it issued fewer calls of group ``other`` than in every earlier
+    stretch between two calls of that group (``from_start``: the rank's ring holds its first entry,
+    so the stretch before its first call of the group counts when no earlier one is whole). A rank
+    that swapped two calls, or skipped one of several alike calls, shows it there; its peer, in
+    order, does not."""
+    group, seq = call
+    rows = np.flatnonzero(calls.rank == rank)
+    rows = rows[np.argsort(calls.record[rows], kind="stable")]
+    marks: dict[int, int] = {}  # seq -> position of the rank's first call of that number in the group
+    for index in np.flatnonzero(calls.group[rows] == group).tolist():
+        marks.setdefault(int(calls.seq[rows[index]]), index)
+    before = np.concatenate([[0], np.cumsum(calls.group[rows] == other)])  # calls of ``other`` before each position
+    stretches = {}
+    for number, position in marks.items():
+        previous = marks.get(number - 1)
+        if previous is not None and previous < position:
+            stretches[number] = int(before[position] - before[previous + 1])
+    earlier = [count for number, count in stretches.items() if number < seq]
+    if not earlier and from_start and 1 in marks and seq > 1:
+        earlier = [int(before[marks[1]])]  # only when no whole period is there: it may start mid-period
+    return seq in stretches and bool(earlier) and stretches[seq] < min(earlier)
+
+
 def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter, played: set[str],
-             own_program: bool = False) -> bool:
+             own_program: bool = False, from_start: bool = False) -> bool:
     """Whether the behind target of ``edge`` issued its own call of the waited number only after
     more calls of some kind than the job issues between the group's previous call and that one
     (``reference``, from ``program_between``): its call of that number is a later call, and the
@@ -317,7 +346,8 @@ def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: C
     ``own_program`` also asks for more than the rank issued itself between any two earlier calls
     of the group: when the only peers playing a role are late themselves (two ranks that swapped
     two calls look late to each other), the reference is short, and the rank's own program tells
-    which of them changed it."""
+    which of them changed it (``from_start``: the rank's ring holds its first entry, so what it
+    issued before its first call of the group counts too)."""
     group, seq = edge.waiter.group, edge.waiter.seq
     rows = np.flatnonzero(calls.rank == edge.target)
     in_group = rows[calls.group[rows] == group]
@@ -336,7 +366,7 @@ def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: C
     if not excess or not own_program:
         return bool(excess)
     # its own earlier periods: a rank whose program puts these calls there every time did not skip
-    own: Counter = Counter()
+    own: Counter = Counter(kind for kind in kinds[:place[1]] if kind in excess) if from_start and 1 in place else Counter()
     for earlier, index in last.items():
         after = place.get(earlier + 1)
         if earlier + 1 < seq and after is not None and index < after:

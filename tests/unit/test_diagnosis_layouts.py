@@ -296,11 +296,11 @@ def test_a_rank_that_reversed_two_groups_calls_is_the_root_of_the_deadlock():
 
 
 def test_with_no_majority_order_the_rank_that_changed_its_own_order_is_the_root():
-    """Two ranks, one each way: no majority, but rank 1 issued the same two groups' previous calls
-    the other way round, as rank 0 still does."""
+    """Two ranks, one each way: no majority, but rank 1 issued group 1's call with no call of group
+    2 since its previous one, which every earlier step of its own had; rank 0 kept to its program."""
     root = interleaved(reverse={1}, ranks=2).diagnosis().root
     assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("order_mismatch", [1], [0])
-    assert "its previous calls of these groups" in root.evidence[0]
+    assert "its peer kept to its program" in root.evidence[0]
 
 
 def test_a_deadlock_with_no_majority_and_no_change_of_order_names_every_rank_of_the_cycle():
@@ -603,14 +603,16 @@ def test_a_rank_held_up_by_another_is_not_named_for_the_extra_calls_its_role_iss
     assert all(f.culprit_ranks != [4] for f in result.findings)
 
 
-def test_a_rank_that_skipped_one_of_several_alike_sends_and_went_on_is_the_p2p_root():
+@pytest.mark.parametrize("steps", [2, 6])
+def test_a_rank_that_skipped_one_of_several_alike_sends_and_went_on_is_the_p2p_root(steps):
     """Stage 1 (rank 1) sends two gradients per step back to stage 0 (rank 0), then both join the
     step's all_reduce. In the last step rank 1 posts one send only and goes on into the all_reduce,
     where it waits for rank 0, which waits for the second gradient: a cycle, but only rank 1 left
-    its program (every earlier step between two all_reduces held two sends)."""
+    its program (every earlier step between two all_reduces held two sends; with 2 steps, the
+    first counts from the start of a ring that never wrapped)."""
     job = Groups({"world": [0, 1], "pp": [0, 1]})
-    for step in range(6):
-        last = step == 5
+    for step in range(steps):
+        last = step == steps - 1
         for index in range(2):
             skipped = last and index == 1
             if not skipped:
@@ -624,13 +626,14 @@ def test_a_rank_that_skipped_one_of_several_alike_sends_and_went_on_is_the_p2p_r
     assert any("went on" in line for line in root.evidence)
 
 
-def test_a_rank_of_two_overlapping_groups_that_swapped_their_calls_is_the_root():
+@pytest.mark.parametrize("steps", [2, 6])
+def test_a_rank_of_two_overlapping_groups_that_swapped_their_calls_is_the_root(steps):
     """Groups A = ranks 0-3 and B = ranks 2-5, every step A then B. In the last step rank 3 issues
     B before A: rank 2 waits in A for rank 3, rank 3 in B for rank 2. Ranks 2 and 3 are the only
     members of both, one each way; rank 3's own earlier steps went A then B."""
     job = Groups({"A": [0, 1, 2, 3], "B": [2, 3, 4, 5]})
-    for step in range(6):
-        last = step == 5
+    for step in range(steps):
+        last = step == steps - 1
         for rank in range(6):
             order = ("B", "A") if last and rank == 3 else ("A", "B")
             for group in order:
@@ -641,3 +644,40 @@ def test_a_rank_of_two_overlapping_groups_that_swapped_their_calls_is_the_root()
     root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks) == ("order_mismatch", [3])
     assert root.waiting_ranks == [0, 1, 2, 4, 5]
+
+
+def test_of_two_ranks_that_swapped_calls_of_groups_with_different_rates_the_one_that_left_its_program_is_named():
+    """A tensor-parallel pair calls its tp group three times per step and a second pair group once,
+    at the end. In the last step rank 1 issues the pair call before its third tp call. The previous
+    calls of the two groups (tp #k-1, pair #n-1) went pair first for both ranks, so comparing them
+    says nothing; rank 1's period does: fewer tp calls before the pair call than every earlier step."""
+    job = Groups({"tp": [0, 1], "pair": [0, 1]}, desc={"tp": "TENSOR_MODEL_PARALLEL_GROUP", "pair": "PAIR_GROUP"})
+    for step in range(4):
+        last = step == 3
+        for rank in (0, 1):
+            order = ["tp", "tp", "pair", "tp"] if last and rank == 1 else ["tp", "tp", "tp", "pair"]
+            for index, group in enumerate(order):
+                state = "completed" if not last or index < 2 else ("started" if index == 2 else "scheduled")
+                job.call(rank, group, state=state)
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks) == ("order_mismatch", [1])
+    assert "its peer kept to its program" in root.evidence[0]
+
+
+def test_a_rank_of_a_two_rank_group_that_skipped_one_of_two_alike_buckets_is_named_not_its_peer():
+    """Two ranks all-reduce two alike gradient buckets, then a world all_reduce, every step. In the
+    last step rank 1 skips the second bucket and goes on to the world call: each waits for the
+    other, no majority exists, and rank 1 never issued the bucket rank 0 waits in."""
+    job = Groups({"dp": [0, 1], "world": [0, 1]}, desc={"dp": "DATA_PARALLEL_GROUP", "world": "default_pg"})
+    for step in range(3):
+        last = step == 2
+        job.call(0, "dp")
+        job.call(0, "dp", state="started" if last else "completed")
+        job.call(0, "world", state="scheduled" if last else "completed")
+        job.call(1, "dp")
+        if not last:
+            job.call(1, "dp")
+        job.call(1, "world", state="started" if last else "completed")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group, root.seq) == ("skipped_collective", [1], "dp", 6)
+    assert root.waiting_ranks == [0]
