@@ -120,10 +120,13 @@ def _call(finding: Finding) -> str:
 _DISAGREE_ON = {"type_mismatch": "the collective", "size_mismatch": "the tensor sizes",
                 "dtype_mismatch": "the dtypes"}
 
+#: Whose order an order_mismatch reverses, unless the finding says (``expected["order_of"]``).
+_PEERS = "its peers'"
+
 _WHAT = {
     "deadlock": lambda f: "wait for each other (deadlock)",
-    "order_mismatch": lambda f: f"issued {f.actual['call']} before {_numbered(f, f.expected)}, the reverse of its "
-                                "peers' order (deadlock)",
+    "order_mismatch": lambda f: f"issued {f.actual['call']} before {_numbered(f, f.expected)}, the reverse of "
+                                f"{f.expected.get('order_of', _PEERS)} order (deadlock)",
     "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
     "not_started": lambda f: f"enqueued {_call(f)} but never started it on the device",
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",

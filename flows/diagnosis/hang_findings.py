@@ -23,6 +23,7 @@ from rankstream.flows.diagnosis.program_order import completed_later, first_in_p
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
 from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, came_early, gone_past,
+                                              transfer_out_of_program,
                                               gone_past_transfer, late_for, program_between, waiting_positions)
 
 __all__ = ["wait_graph", "hang_findings"]
@@ -96,7 +97,8 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
         if set(cycle) & reaching:
             continue
         edges = [edge for rank in cycle for edge in graph.edges[rank] if edge.target in cycle]
-        reversed_order = _out_of_order(run, cycle, [edge.waiter for edge in edges], graph=graph)
+        reversed_order = (_out_of_order(run, cycle, [edge.waiter for edge in edges], graph=graph)
+                          or _transfers_out_of_order(run, graph, cycle, edges))
         if reversed_order is not None:
             findings.append(reversed_order)
             continue
@@ -144,8 +146,10 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
             usual = majority[0][0]
         else:  # split evenly: each rank's own program says which of them changed its order
             changed = {rank for rank, way in order.items()
-                       if came_early(calls, rank, call=first if way else second, other=(second if way else first)[0],
-                                     from_start=run.starts_at_first_entry(rank))}
+                       if came_early(calls, rank, call=first if way else second,
+                                     other=_kind_at(run, second if way else first),
+                                     from_start=run.starts_at_first_entry(rank),
+                                     peers=[peer for peer, theirs in order.items() if theirs != way])}
             if not changed or len(changed) == len(order) or len({order[rank] for rank in changed}) > 1:
                 continue
             usual = not order[next(iter(changed))]
@@ -156,6 +160,8 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
         if not by_majority and all(record_of(before).get(rank) is None for rank in culprits):
             return _skipped_in_cycle(run, graph, cycle, culprits, skipped=before, issued=after)
         expected, actual = _usual_call(run, before), _usual_call(run, after)
+        if not by_majority:
+            expected["order_of"] = "its own program's"
         return Finding(
             kind="order_mismatch", culprit_ranks=culprits, group=run.group(before[0]).name,
             group_desc=run.group(before[0]).desc, seq=before[1], expected=expected, actual=actual,
@@ -170,6 +176,35 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
     return None
 
 
+def _transfers_out_of_order(run: Run, graph: WaitGraph, cycle: list[int], edges: list[Edge]) -> Finding | None:
+    """A cycle of ranks each waiting in a send or receive the other never posted at that number:
+    the ranks whose transfer there is not the one their own program has at that place of its period
+    (``transfer_out_of_program``) posted their transfers out of order. None when all or none did."""
+    if not edges or any(edge.waiter.seq >= 0 for edge in edges):
+        return None
+    waits = {edge.waiter.rank: edge.waiter for edge in edges}
+    culprits = sorted(rank for rank, where in waits.items()
+                      if transfer_out_of_program(run.entries, rank, group=where.group, number=-where.seq))
+    if not culprits or len(culprits) == len(waits):
+        return None
+    where = waits[culprits[0]]
+    group = run.group(where.group)
+    rows = np.flatnonzero(run.entries.is_p2p & (run.entries.rank == where.rank) & (run.entries.group == where.group)
+                          & (run.entries.p2p_seq == -where.seq))
+    op = run.entries.vocabulary.ops[int(run.entries.op[rows[0]])]
+    peer = int(run.entries.peer[rows[0]])
+    other = "send" if op == "recv" else "recv"
+    way = "from" if op == "recv" else "to"
+    return Finding(
+        kind="order_mismatch", culprit_ranks=culprits, group=group.name, group_desc=group.desc, seq=None,
+        expected={"op": other, "order_of": "its own program's"},
+        actual={"op": op, "peer": peer, "call": f"{op} {way} rank {peer} (p2p #{-where.seq} of {group.label})"},
+        waiting_ranks=sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits)), in_flight=True,
+        evidence=[f"{ranks_text(culprits)} posted a {op} {way} rank {peer} as p2p #{-where.seq} of {group.label}, "
+                  f"where every earlier period of its own program posts another transfer first; its peer kept to "
+                  "its program, so each side waits for the other (deadlock)"])
+
+
 def _skipped_in_cycle(run: Run, graph: WaitGraph, cycle: list[int], culprits: list[int], *,
                       skipped: tuple[int, int], issued: tuple[int, int]) -> Finding:
     """Ranks of a two-sided cycle that never issued the call their peer waits in, and issued the
@@ -182,6 +217,12 @@ def _skipped_in_cycle(run: Run, graph: WaitGraph, cycle: list[int], culprits: li
         evidence=[f"{ranks_text(culprits)} never issued {_usual_call(run, skipped)['call']} and went on to "
                   f"{_usual_call(run, issued)['call']} after fewer calls of {group.label} than its own program "
                   "always issues there: it skipped one of them"])
+
+
+def _kind_at(run: Run, place: tuple[int, int]) -> tuple[int, int]:
+    """(group, op) of the call most members issued at a (group, seq)."""
+    value = run.sequences[place[0]].usual_at(place[1])
+    return place[0], (run.calls.unpack(value)[0] if value is not None else -1)
 
 
 def _usual_call(run: Run, place: tuple[int, int]) -> dict:
@@ -248,6 +289,10 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
     references: dict[tuple[int, int], Counter] = {}
     verdicts: dict[tuple, bool] = {}
     reach = _Reach(graph)
+    mates: dict[int, set[int]] = {}  # rank -> the ranks it waits with in a cycle
+    for cycle in graph.cycles():
+        for rank in cycle:
+            mates.setdefault(rank, set()).update(cycle)
     found: dict[int, list[Edge]] = {}
     for edges in graph.edges.values():
         for edge in edges:
@@ -268,7 +313,9 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
             if key not in verdicts:
                 if where not in references:
                     references[where] = _program_between(run, group_desc, *where)
-                verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where])
+                family = _family(run, edge.waiter.group)
+                verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where],
+                                          own_program=family - {edge.target} <= mates.get(edge.target, set()))
             if verdicts[key]:
                 found.setdefault(edge.target, []).append(edge)
     return found
@@ -279,7 +326,7 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
     issues before it (they skipped the call their peers wait in): rank -> edges. Worked out once
     per call and target, as in ``_gone_past``."""
     verdicts: dict[tuple[int, int, int], bool] = {}
-    places: dict[tuple[int, int, int], tuple[Counter, set[str]] | None] = {}
+    places: dict[tuple[int, int, int], tuple[Counter, set[str], bool] | None] = {}
     reach = _Reach(graph)
     found: dict[int, list[Edge]] = {}
     for edges in graph.edges.values():
@@ -289,8 +336,9 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
             key = (edge.waiter.group, edge.waiter.seq, edge.target)
             if key not in verdicts:
                 same = places[key] = _same_place(run, *key)
-                verdicts[key] = same is not None and late_for(edge, run.calls, run.roles, reference=same[0],
-                                                              played=same[1])
+                verdicts[key] = same is not None and (
+                    late_for(edge, run.calls, run.roles, reference=same[0], played=same[1]) if same[2]
+                    else _late_in_own_program(run, edge, places))  # a minority's example needs the rank's own too
             if verdicts[key] and reach.free_or_circular(edge):
                 found.setdefault(edge.target, []).append(edge)
     for cycle in graph.cycles():
@@ -310,22 +358,24 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
 
 def _late_in_own_program(run: Run, edge: Edge, places: dict) -> bool:
     """``late_for`` against the target's own earlier calls of the group as well."""
-    reference, played = places[edge.waiter.group, edge.waiter.seq, edge.target]
+    reference, played, _ = places[edge.waiter.group, edge.waiter.seq, edge.target]
     return late_for(edge, run.calls, run.roles, reference=reference, played=played, own_program=True,
                     from_start=run.starts_at_first_entry(edge.target))
 
 
-def _same_place(run: Run, group: int, seq: int, target: int) -> tuple[Counter, set[str]] | None:
+def _same_place(run: Run, group: int, seq: int, target: int) -> tuple[Counter, set[str], bool] | None:
     """What the other members of a group (and its siblings) issued between its calls ``seq - 1`` and
-    ``seq`` (the program at that very place, by role), and the roles they play. None when a
-    majority of the members did not issue both (nothing to compare with)."""
+    ``seq`` (the program at that very place, by role), the roles they play, and whether a majority
+    of the members issued both (else the example is a minority's, a 2-rank group's peer alone).
+    None when no other member issued both (nothing to compare with)."""
     seqs = run.sequences[group]
     both = set(seqs.values_at(seq)) & set(seqs.values_at(seq - 1)) - {target}
-    if len(both) * 2 <= len(seqs.group.members):
+    if not both:
         return None
     family = [group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
     played = {run.roles[code] for code in np.unique(run.calls.group[np.isin(run.calls.rank, list(both))]).tolist()}
-    return program_between(run.calls, run.roles, family, seq=seq, without=target), played
+    return (program_between(run.calls, run.roles, family, seq=seq, without=target), played,
+            len(both) * 2 > len(seqs.group.members))
 
 
 def _skipped_earlier(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding:
@@ -370,6 +420,12 @@ def _gap_of(run: Run, edge: Edge):
     """The unfinished transfer a p2p ``absent`` edge stands for."""
     return next(g for g in run.p2p.unmatched if g.waiter == edge.waiter.rank and g.peer == edge.target
                 and g.group == edge.waiter.group and g.p2p_seq == -edge.waiter.seq)
+
+
+def _family(run: Run, group: int) -> set[int]:
+    """The members of a group and of its siblings: the ranks ``_program_between`` reads."""
+    seqs = run.sequences[group]
+    return set(seqs.group.members).union(*(s.group.members for s in siblings_of(seqs, run.sequences)))
 
 
 def _program_between(run: Run, group_desc: dict[int, str], group: int, seq: int) -> Counter:

@@ -33,7 +33,8 @@ from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
-           "gone_past_transfer", "late_for", "came_early"]
+           "gone_past_transfer", "late_for", "came_early",
+           "transfer_out_of_program"]
 
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 
@@ -244,10 +245,14 @@ def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], *
     return reference
 
 
-def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter) -> bool:
+def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter,
+              own_program: bool = False) -> bool:
     """Whether the absent target of ``edge`` went past the call its waiter waits in: after its own
     previous call in that group it issued calls of some kind more often than the job issues
-    between that call and this one (``reference``, from ``program_between``)."""
+    between that call and this one (``reference``, from ``program_between``). ``own_program``
+    also asks for more than the target issued between any two of its own earlier calls of the
+    group: when the only ranks the reference comes from wait in a cycle with the target, the
+    reference is theirs alone and may be the fault's own gap."""
     group, seq = edge.waiter.group, edge.waiter.seq
     target_rows = np.flatnonzero(calls.rank == edge.target)
     in_group = target_rows[(calls.group[target_rows] == group) & (calls.seq[target_rows] < seq)]
@@ -255,7 +260,16 @@ def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: 
         return False
     after = target_rows[calls.record[target_rows] > calls.record[in_group].max()]
     theirs = Counter((group_of[int(calls.group[r])], int(calls.op[r])) for r in after)
-    return any(count > reference.get(kind, 0) for kind, count in theirs.items())
+    beyond = {kind for kind, count in theirs.items() if count > reference.get(kind, 0)}
+    if not beyond or not own_program:
+        return bool(beyond)
+    ordered = _in_order(calls, edge.target)
+    kinds = [(group_of[int(g)], int(o)) for g, o in zip(calls.group[ordered].tolist(), calls.op[ordered].tolist())]
+    marks = np.flatnonzero(calls.group[ordered] == group).tolist()
+    own: Counter = Counter()
+    for low, high in zip(marks[:-1], marks[1:]):
+        own |= Counter(kind for kind in kinds[low + 1:high] if kind in beyond)
+    return any(theirs[kind] > own.get(kind, 0) for kind in beyond)
 
 
 def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op: str) -> bool:
@@ -285,46 +299,94 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
     since = between(int(marks[-1]), len(rows))
     if any(count > reference.get(key, 0) for key, count in since.items()):
         return True
-    return _short_period(keys, collective, mine, from_start=int(entries.record[rows].min()) == 0)
+    periods = _short_periods(keys, collective, mine, from_start=int(entries.record[rows].min()) == 0)
+    if not periods:
+        return False
+    # a step that is short for both (fewer micro-batches, an eval step) is no skip: in that very
+    # period (by the numbers of a collective both issue) the peer posted a usual period's worth
+    peer_rows = np.flatnonzero(entries.rank == peer)
+    peer_rows = peer_rows[np.argsort(entries.record[peer_rows], kind="stable")]
+    theirs = (entries.is_p2p[peer_rows] & (entries.op[peer_rows] != code) & (entries.peer[peer_rows] == rank)
+              & (entries.group[peer_rows] == group))
+    for (marker_group, marker_op), (low_index, high_index), usual in periods:
+        low_seq, high_seq = int(entries.seq[rows[low_index]]), int(entries.seq[rows[high_index]])
+        marker = np.flatnonzero(~entries.is_p2p[peer_rows] & (entries.group[peer_rows] == marker_group)
+                                & (entries.op[peer_rows] == marker_op))
+        low = marker[entries.seq[peer_rows[marker]] == low_seq]
+        high = marker[entries.seq[peer_rows[marker]] == high_seq]
+        end = int(high[0]) if len(high) else len(peer_rows)
+        if len(low) and int(theirs[int(low[0]) + 1:end].sum()) >= usual:
+            return True
+    return False
 
 
-def _short_period(keys: list[tuple[int, int]], collective: np.ndarray, mine: np.ndarray, *, from_start: bool) -> bool:
-    """Whether the stretch between the last two calls of some collective kind (its period: a step
-    ends with the same call every time) holds fewer of the transfers ``mine`` marks than every
-    earlier stretch between two calls of that kind. A step that posts several alike sends, one of
-    which was skipped, looks normal to the stretches between transfers; its period does not.
-    ``from_start``: the ring holds the rank's first entry, so its first period counts from there
-    when it is the only earlier one."""
+def _short_periods(keys: list[tuple[int, int]], collective: np.ndarray, mine: np.ndarray, *,
+                   from_start: bool) -> list[tuple[tuple[int, int], tuple[int, int], int]]:
+    """The periods that hold fewer of the transfers ``mine`` marks than every earlier one: per
+    collective kind (a step ends with the same call every time), the stretch between its last two
+    calls, as (that kind, the two calls' indexes in the rank's rows, the fewest transfers of an
+    earlier period). A step that posts several alike sends, one of which was skipped, looks normal
+    to the stretches between transfers; its period does not. ``from_start``: the ring holds the
+    rank's first entry, so its first period counts from there when it is the only earlier one."""
     positions: dict[tuple[int, int], list[int]] = {}
     for index in np.flatnonzero(collective).tolist():
         positions.setdefault(keys[index], []).append(index)
     before = np.concatenate([[0], np.cumsum(mine)])  # transfers before each position
     last_mark = int(np.flatnonzero(mine)[-1])
-    for calls in positions.values():
-        if calls[-1] < last_mark:
+    found = []
+    for kind, calls in positions.items():
+        if calls[-1] < last_mark or len(calls) < 2:
             continue
         counts = [int(before[hi] - before[lo + 1]) for lo, hi in zip(calls[:-1], calls[1:])]
         if len(counts) == 1 and from_start:  # only when no whole period is there: it may start mid-period
             counts.insert(0, int(before[calls[0]]))
         if len(counts) > 1 and counts[-1] < min(counts[:-1]):
-            return True
-    return False
+            found.append((kind, (calls[-2], calls[-1]), min(counts[:-1])))
+    return found
 
 
-def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: int, from_start: bool) -> bool:
+def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: tuple[int, int], from_start: bool,
+               peers: list[int]) -> bool:
     """Whether ``rank`` issued ``call`` (group, seq) sooner than its own program puts it: since its
-    previous call of that group it issued fewer calls of group ``other`` than in every earlier
+    previous call of that group it issued fewer calls of kind ``other`` (group, op) than in every earlier
     stretch between two calls of that group (``from_start``: the rank's ring holds its first entry,
-    so the stretch before its first call of the group counts when no earlier one is whole). A rank
-    that swapped two calls, or skipped one of several alike calls, shows it there; its peer, in
-    order, does not."""
+    so the stretch before its first call of the group counts when no earlier one is whole), while
+    each of ``peers`` issued at least that many there (a step that is short for everyone is no
+    sign). A rank that swapped two calls, or skipped one of several alike calls, shows it there;
+    its peer, in order, does not."""
     group, seq = call
+    usual = _fewest_before(calls, rank, group=group, seq=seq, other=other, from_start=from_start)
+    if usual is None:
+        return False
+    for peer in peers:
+        rows = _in_order(calls, peer)
+        groups, seqs = calls.group[rows], calls.seq[rows]
+        low = np.flatnonzero((groups == group) & (seqs == seq - 1))
+        high = np.flatnonzero((groups == group) & (seqs == seq))
+        if not len(low):
+            return False
+        start, end = int(low[0]) + 1, int(high[0]) if len(high) else len(rows)
+        if int(((groups[start:end] == other[0]) & (calls.op[rows][start:end] == other[1])).sum()) < usual:
+            return False
+    return True
+
+
+def _in_order(calls: Calls, rank: int) -> np.ndarray:
+    """The rank's calls, in the order it issued them."""
     rows = np.flatnonzero(calls.rank == rank)
-    rows = rows[np.argsort(calls.record[rows], kind="stable")]
+    return rows[np.argsort(calls.record[rows], kind="stable")]
+
+
+def _fewest_before(calls: Calls, rank: int, *, group: int, seq: int, other: tuple[int, int],
+                   from_start: bool) -> int | None:
+    """The fewest calls of kind ``other`` the rank issued between two calls of ``group`` before
+    ``seq``, when it issued fewer than that between calls ``seq - 1`` and ``seq``; else None."""
+    rows = _in_order(calls, rank)
     marks: dict[int, int] = {}  # seq -> position of the rank's first call of that number in the group
     for index in np.flatnonzero(calls.group[rows] == group).tolist():
         marks.setdefault(int(calls.seq[rows[index]]), index)
-    before = np.concatenate([[0], np.cumsum(calls.group[rows] == other)])  # calls of ``other`` before each position
+    counted = (calls.group[rows] == other[0]) & (calls.op[rows] == other[1])
+    before = np.concatenate([[0], np.cumsum(counted)])  # calls of ``other`` before each position
     stretches = {}
     for number, position in marks.items():
         previous = marks.get(number - 1)
@@ -333,7 +395,39 @@ def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: int, fr
     earlier = [count for number, count in stretches.items() if number < seq]
     if not earlier and from_start and 1 in marks and seq > 1:
         earlier = [int(before[marks[1]])]  # only when no whole period is there: it may start mid-period
-    return seq in stretches and bool(earlier) and stretches[seq] < min(earlier)
+    if seq in stretches and earlier and stretches[seq] < min(earlier):
+        return min(earlier)
+    return None
+
+
+def transfer_out_of_program(entries: Entries, rank: int, *, group: int, number: int) -> bool:
+    """Whether the rank's send or receive ``number`` (its p2p number in ``group``) is not the one its
+    program has at that place: every earlier period (between two calls of a recurring collective)
+    posted the same transfers, and the one at this index of the period went the other way or to
+    another peer (a receive posted where the rank always sends first). When no whole period is
+    there, a ring that holds the rank's first entry lends the stretch before the first call."""
+    rows = np.flatnonzero(entries.rank == rank)
+    rows = rows[np.argsort(entries.record[rows], kind="stable")]
+    transfer = (entries.is_p2p[rows] & (entries.group[rows] == group)).tolist()
+    numbers = entries.p2p_seq[rows].tolist()
+    here = next((i for i, (mine, n) in enumerate(zip(transfer, numbers)) if mine and n == number), None)
+    if here is None:
+        return False
+    kinds = list(zip(entries.op[rows].tolist(), entries.peer[rows].tolist()))
+    markers: dict[tuple[int, int], list[int]] = {}  # recurring collective -> its positions before ``here``
+    for index in np.flatnonzero(~entries.is_p2p[rows][:here]).tolist():
+        markers.setdefault((int(entries.group[rows[index]]), int(entries.op[rows[index]])), []).append(index)
+    from_start = int(entries.record[rows].min()) == 0
+    for positions in markers.values():
+        periods = list(zip(positions[:-1], positions[1:])) or ([(-1, positions[0])] if from_start else [])
+        patterns = {tuple(kinds[i] for i in range(low + 1, high) if transfer[i]) for low, high in periods}
+        if len(patterns) != 1:
+            continue
+        pattern = patterns.pop()
+        index = sum(transfer[positions[-1] + 1:here])
+        if index < len(pattern) and pattern[index] != kinds[here]:
+            return True
+    return False
 
 
 def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: Counter, played: set[str],

@@ -681,3 +681,73 @@ def test_a_rank_of_a_two_rank_group_that_skipped_one_of_two_alike_buckets_is_nam
     root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks, root.group, root.seq) == ("skipped_collective", [1], "dp", 6)
     assert root.waiting_ranks == [0]
+
+
+def test_a_stage_that_posted_a_receive_before_its_send_is_the_root_not_a_deadlock_of_both():
+    """Two pipeline stages, three micro-batches, each step: stage 0 sends three activations then
+    receives three gradients; stage 1 the reverse; then a world all_reduce. In the last step rank
+    0 posts its first receive before its third send: rank 1 waits for that send, rank 0 for a
+    gradient rank 1 sends only after it: a cycle, but only rank 0 left its program."""
+    job = Groups({"world": [0, 1], "pp": [0, 1]}, desc={"world": "default_pg", "pp": "PIPELINE_MODEL_PARALLEL_GROUP"})
+    forward, backward = ["send 0->1"] * 3 + ["recv 0<-1"] * 3, ["recv 1<-0"] * 3 + ["send 1->0"] * 3
+    for step in range(3):
+        if step < 2:
+            for rank, ops in ((0, forward), (1, backward)):
+                for op in ops:
+                    job.transfer(rank, "pp", op)
+                job.call(rank, "world")
+            continue
+        for index, op in enumerate(["send 0->1", "send 0->1", "recv 0<-1", "send 0->1", "recv 0<-1", "recv 0<-1"]):
+            job.transfer(0, "pp", op, state="completed" if index < 2 else "started" if index == 2 else "scheduled")
+        for index, op in enumerate(backward):  # its host enqueues the whole step (NCCL does not block it)
+            job.transfer(1, "pp", op, state="completed" if index < 2 else "started" if index == 2 else "scheduled")
+        job.call(0, "world", state="scheduled")
+        job.call(1, "world", state="scheduled")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.waiting_ranks) == ("order_mismatch", [0], [1])
+    assert "the reverse of its own program's order" in root.headline()
+
+
+def test_a_rank_of_a_two_rank_group_that_skipped_its_step_end_call_is_named_by_its_own_program():
+    """Expert-parallel pair: four all_to_alls then a data-parallel all_reduce, every step. Rank 1
+    skips step 2's all_reduce and goes on into step 3; its own all_reduce of that number comes
+    after eight all_to_alls, where every earlier step of its own had four. Rank 0, waiting in the
+    all_reduce, went past nothing: its peer is the only example of the group, so the rank's own
+    program decides."""
+    job = Groups({"ep": [0, 1], "dp": [0, 1]}, desc={"ep": "EXPERT_MODEL_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP"})
+    for step in range(4):
+        for rank in (0, 1):
+            if step == 3 and rank == 0:
+                for index in range(4):
+                    job.call(0, "ep", state="scheduled")
+                continue
+            for index in range(4):
+                hung = step == 3
+                job.call(rank, "ep", state=("started" if index == 0 else "scheduled") if hung else "completed")
+            if rank == 1 and step == 2:
+                continue  # skipped
+            job.call(rank, "dp", state=("started" if rank == 0 else "scheduled") if step >= 2 else "completed")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group) == ("skipped_collective", [1], "dp")
+
+
+def test_a_step_short_for_both_stages_does_not_make_the_receiver_a_culprit():
+    """Two stages, micro-batches 4, 4, 2, 4 per step (a short last batch), then a world
+    all_reduce. Rank 0 issues step 2's all_reduce only after step 3's first send: the receiver,
+    rank 1, posted only two receives in step 2 because the step had two micro-batches, which its
+    peer's own step 2 shows too. It is not named for a receive it "skipped"."""
+    job = Groups({"world": [0, 1], "pp": [0, 1]}, desc={"world": "default_pg", "pp": "PIPELINE_MODEL_PARALLEL_GROUP"})
+    for step, batches in enumerate([4, 4, 2]):
+        last = step == 2
+        for _ in range(batches):
+            job.transfer(0, "pp", "send 0->1")
+            job.transfer(1, "pp", "recv 1<-0")
+        if last:
+            job.transfer(0, "pp", "send 0->1", state="started")  # step 3's first, before step 2's all_reduce
+            job.call(0, "world", state="scheduled")
+            job.call(1, "world", state="started")
+        else:
+            job.call(0, "world")
+            job.call(1, "world")
+    root = job.diagnosis().root
+    assert root.culprit_ranks != [1]
