@@ -96,6 +96,12 @@ def test_timeline_cli_splits_and_the_checker_accepts_it(live, straggler_run, tmp
     assert data["slowest"][0]["rank"] == straggler_run.fault_rank
 
 
+def _interruptible() -> None:
+    """Ctrl-C for the child even when the tests run in the background: a shell starts background
+    commands with SIGINT ignored, the child inherits that, and Python then installs no handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_serve_runs_the_end_of_run_trigger_on_a_real_prefect_server(tmp_path):
     db = tmp_path / "served.duckdb"
     build_run(db, run_id="ended", finished=True)
@@ -109,7 +115,8 @@ def test_serve_runs_the_end_of_run_trigger_on_a_real_prefect_server(tmp_path):
     log = tmp_path / "serve.log"  # a file, not a pipe: serve logs every flow run, and a full pipe blocks it
     with open(log, "w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "rankstream", "serve", "--prefect-file", str(prefect_file)],
-                                   env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True)
+                                   env=env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                   preexec_fn=_interruptible)
     done = []
     try:
         deadline = time.monotonic() + 150
