@@ -165,7 +165,7 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
         return Finding(
             kind="order_mismatch", culprit_ranks=culprits, group=run.group(before[0]).name,
             group_desc=run.group(before[0]).desc, seq=before[1], expected=expected, actual=actual,
-            waiting_ranks=sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits)), in_flight=True,
+            waiting_ranks=_held_by(graph, cycle, culprits), in_flight=True,
             evidence=[f"{ranks_text(culprits)} issued {actual['call']} before {expected['call']}; "
                       + (f"{len(order) - len(culprits)} of the {len(order)} ranks in both groups issue them the "
                          "other way round" if by_majority else
@@ -199,7 +199,7 @@ def _transfers_out_of_order(run: Run, graph: WaitGraph, cycle: list[int], edges:
         kind="order_mismatch", culprit_ranks=culprits, group=group.name, group_desc=group.desc, seq=None,
         expected={"op": other, "order_of": "its own program's"},
         actual={"op": op, "peer": peer, "call": f"{op} {way} rank {peer} (p2p #{-where.seq} of {group.label})"},
-        waiting_ranks=sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits)), in_flight=True,
+        waiting_ranks=_held_by(graph, cycle, culprits), in_flight=True,
         evidence=[f"{ranks_text(culprits)} posted a {op} {way} rank {peer} as p2p #{-where.seq} of {group.label}, "
                   f"where every earlier period of its own program posts another transfer first; its peer kept to "
                   "its program, so each side waits for the other (deadlock)"])
@@ -213,10 +213,15 @@ def _skipped_in_cycle(run: Run, graph: WaitGraph, cycle: list[int], culprits: li
     return Finding(
         kind="skipped_collective", culprit_ranks=culprits, group=group.name, group_desc=group.desc, seq=skipped[1],
         expected=run.describe(run.sequences[skipped[0]].usual_at(skipped[1])),
-        waiting_ranks=sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits)), in_flight=True,
+        waiting_ranks=_held_by(graph, cycle, culprits), in_flight=True,
         evidence=[f"{ranks_text(culprits)} never issued {_usual_call(run, skipped)['call']} and went on to "
                   f"{_usual_call(run, issued)['call']} after fewer calls of {group.label} than its own program "
                   "always issues there: it skipped one of them"])
+
+
+def _held_by(graph: WaitGraph, cycle: list[int], culprits: list[int]) -> list[int]:
+    """The ranks a cycle's culprits hold up: the rest of the cycle and every rank waiting on it."""
+    return sorted((graph.upstream(set(cycle)) | set(cycle)) - set(culprits))
 
 
 def _kind_at(run: Run, place: tuple[int, int]) -> tuple[int, int]:

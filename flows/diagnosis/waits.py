@@ -280,8 +280,7 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
     if op not in entries.vocabulary.ops:
         return False
     code = entries.vocabulary.ops.index(op)
-    rows = np.flatnonzero(entries.rank == rank)
-    rows = rows[np.argsort(entries.record[rows], kind="stable")]
+    rows = _entries_in_order(entries, rank)
     mine = (entries.is_p2p[rows] & (entries.op[rows] == code) & (entries.peer[rows] == peer)
             & (entries.group[rows] == group))
     marks = np.flatnonzero(mine)
@@ -304,8 +303,7 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
         return False
     # a step that is short for both (fewer micro-batches, an eval step) is no skip: in that very
     # period (by the numbers of a collective both issue) the peer posted a usual period's worth
-    peer_rows = np.flatnonzero(entries.rank == peer)
-    peer_rows = peer_rows[np.argsort(entries.record[peer_rows], kind="stable")]
+    peer_rows = _entries_in_order(entries, peer)
     theirs = (entries.is_p2p[peer_rows] & (entries.op[peer_rows] != code) & (entries.peer[peer_rows] == rank)
               & (entries.group[peer_rows] == group))
     for (marker_group, marker_op), (low_index, high_index), usual in periods:
@@ -377,6 +375,12 @@ def _in_order(calls: Calls, rank: int) -> np.ndarray:
     return rows[np.argsort(calls.record[rows], kind="stable")]
 
 
+def _entries_in_order(entries: Entries, rank: int) -> np.ndarray:
+    """The rank's entries, in the order it recorded them."""
+    rows = np.flatnonzero(entries.rank == rank)
+    return rows[np.argsort(entries.record[rows], kind="stable")]
+
+
 def _fewest_before(calls: Calls, rank: int, *, group: int, seq: int, other: tuple[int, int],
                    from_start: bool) -> int | None:
     """The fewest calls of kind ``other`` the rank issued between two calls of ``group`` before
@@ -406,8 +410,7 @@ def transfer_out_of_program(entries: Entries, rank: int, *, group: int, number: 
     posted the same transfers, and the one at this index of the period went the other way or to
     another peer (a receive posted where the rank always sends first). When no whole period is
     there, a ring that holds the rank's first entry lends the stretch before the first call."""
-    rows = np.flatnonzero(entries.rank == rank)
-    rows = rows[np.argsort(entries.record[rows], kind="stable")]
+    rows = _entries_in_order(entries, rank)
     transfer = (entries.is_p2p[rows] & (entries.group[rows] == group)).tolist()
     numbers = entries.p2p_seq[rows].tolist()
     here = next((i for i, (mine, n) in enumerate(zip(transfer, numbers)) if mine and n == number), None)
@@ -447,7 +450,7 @@ def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: C
     in_group = rows[calls.group[rows] == group]
     if not (calls.seq[in_group] == seq).any() or not (calls.seq[in_group] == seq - 1).any():
         return False
-    ordered = rows[np.argsort(calls.record[rows], kind="stable")]
+    ordered = _in_order(calls, edge.target)
     kinds = [(group_of[int(g)], int(o)) for g, o in zip(calls.group[ordered].tolist(), calls.op[ordered].tolist())]
     mine = (calls.group[ordered] == group).tolist()
     seqs = calls.seq[ordered].tolist()
