@@ -99,7 +99,9 @@ def pair_p2p(entries: Entries) -> Pairing:
     streams = _unfinished_by_stream(entries)
     left = _left_over(streams)
     ordered = list(_in_stream_order(streams, _pairs_of(left)))
-    unmatched = sorted(left + _crossed(ordered), key=lambda t: (t.group, t.p2p_seq, t.waiter))
+    unseen = _beyond_the_peers_ring(entries, left, streams)
+    unmatched = sorted([t for t in left if t not in unseen] + _crossed(ordered),
+                       key=lambda t: (t.group, t.p2p_seq, t.waiter))
     return Pairing(unmatched, _mismatched(entries, ordered), _behind(streams, _pairs_of(left)))
 
 
@@ -118,6 +120,31 @@ def _left_over(streams: dict[tuple[int, int, int], list[Transfer]]) -> list[Tran
     for (group, src, dst, kind), mine in pending.items():
         left += mine[len(pending.get((group, src, dst, "recv" if kind == "send" else "send"), [])):]
     return left
+
+
+def _beyond_the_peers_ring(entries: Entries, left: list[Transfer],
+                           streams: dict[tuple[int, int, int], list[Transfer]]) -> set[Transfer]:
+    """The left-over transfers whose counterpart may have fallen out of the peer's ring, so that
+    nothing proves the peer never posted it: the peer's ring wrapped and keeps no transfer with
+    the waiter that started or completed (one would prove every earlier transfer between the two
+    finished: one stream, run in order), and none of the waiter's transfers with the peer is on
+    its device yet (queued behind other work, it waits for nobody). That is a host that ran more
+    than a ring's worth ahead of its device, not a hang."""
+    if not left:
+        return set()
+    peers = np.unique([t.peer for t in left])
+    wrapped = {rank for rank in peers.tolist() if (entries.rank == rank).any()
+               and int(entries.record[entries.rank == rank].min()) > 0}
+    ran = np.flatnonzero(np.isin(entries.rank, peers) & entries.is_p2p & (entries.state >= 1))
+    anchored = set(zip(entries.group[ran].tolist(), entries.rank[ran].tolist(), entries.peer[ran].tolist()))
+    closes = np.flatnonzero(entries.is_p2p & (entries.state >= 1) & (entries.peer < 0))
+    started_batches = set(zip(entries.rank[closes].tolist(), entries.group[closes].tolist(),
+                              entries.p2p_seq[closes].tolist()))
+    on_device = {key for key, transfers in streams.items()
+                 if any(t.started or (t.batched and (t.waiter, t.group, t.p2p_seq) in started_batches)
+                        for t in transfers)}
+    return {t for t in left if t.peer in wrapped and (t.group, t.peer, t.waiter) not in anchored
+            and (t.group, t.waiter, t.peer) not in on_device}
 
 
 def _pairs_of(transfers: list[Transfer]) -> set[tuple[int, int, int]]:

@@ -68,8 +68,9 @@ def test_the_slow_rank_ranks_first_and_the_run_merges_and_draws(live, straggler_
         "SELECT rank, args FROM trace_events WHERE run_id = ? AND name = 'clock_sync_failed'", [run])
     samples = database.fetchall("SELECT rank, clock_round, clock_error_ns FROM rank_metadata WHERE run_id = ? "
                                 "AND clock_sync_ns IS NOT NULL ORDER BY rank", [run])
-    for rank, source, offset, error in database.fetchall(
-            "SELECT rank, source, offset_ns, error_ns FROM clock_offsets WHERE run_id = ? AND chosen", [run]):
+    offsets = database.fetchall(
+        "SELECT rank, source, offset_ns, error_ns FROM clock_offsets WHERE run_id = ? AND chosen", [run])
+    for rank, source, offset, error in offsets:
         assert source == "barrier" and abs(offset) <= error, (rank, source, offset, error, sync_failures, samples)
     # the communication matrix adds up to the Flight Recorder entries
     matrix, entries = database.fetchall("""
@@ -80,7 +81,8 @@ def test_the_slow_rank_ranks_first_and_the_run_merges_and_draws(live, straggler_
     (path,) = out["timeline"]
     problems, summary = check_chrome_trace(path)
     assert problems == [] and summary["pids"] == [0, 1, 2, 3]
-    assert out["collectives"]["verdict"] == "straggler"
+    # lateness below twice the largest clock error is not reported: shown if it fails
+    assert out["collectives"]["verdict"] == "straggler", (out["collectives"], offsets)
 
 
 def test_timeline_cli_splits_and_the_checker_accepts_it(live, straggler_run, tmp_path):

@@ -247,9 +247,11 @@ class Groups:
                      "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": state, "time_created_ns": 0,
                      "time_discovered_started_ns": None, "time_discovered_completed_ns": None})
 
-    def diagnosis(self, *, without: int | None = None):
+    def diagnosis(self, *, without: int | None = None, ring: dict[int, int] | None = None):
+        """``ring``: rank -> how many of its newest entries its wrapped ring kept."""
         vocabulary = Vocabulary()
-        parts = [from_dump_entries(rows, rank, self.members, vocabulary=vocabulary)
+        parts = [from_dump_entries(rows[-(ring or {}).get(rank, len(rows)):], rank, self.members,
+                                   vocabulary=vocabulary)
                  for rank, rows in self.entries.items() if rank != without]
         return diagnose(concatenate(parts, vocabulary), listed=self.members,
                         dumped=sorted(rank for rank in self.entries if rank != without))
@@ -751,3 +753,32 @@ def test_a_step_short_for_both_stages_does_not_make_the_receiver_a_culprit():
             job.call(1, "world")
     root = job.diagnosis().root
     assert root.culprit_ranks != [1]
+
+
+def pipeline_ahead(*, skipped_sends: bool) -> Groups:
+    """Two stages: stage 0 sends two activations and receives one gradient per step, stage 1 the
+    reverse, then both all_reduce. The dump is taken while step 3's all_reduce runs on both
+    devices and both hosts have enqueued step 4. With ``skipped_sends``, stage 0 skips step 4's
+    sends instead: step 3's all_reduce completed and stage 1's first receive waits on its device."""
+    job = Groups({"pp": [0, 1], "world": [0, 1]})
+    for step in range(5):
+        for rank, mine, theirs in ((0, "send 0->1", "recv 0<-1"), (1, "recv 1<-0", "send 1->0")):
+            ahead = step == 4
+            if not (ahead and skipped_sends and rank == 0):
+                job.transfer(rank, "pp", mine, state="started" if ahead and skipped_sends else
+                             "scheduled" if ahead else "completed")
+                job.transfer(rank, "pp", mine, state="scheduled" if ahead else "completed")
+            job.transfer(rank, "pp", theirs, state="scheduled" if ahead else "completed")
+            job.call(rank, "world", state="scheduled" if ahead else
+                     "started" if step == 3 and not skipped_sends else "completed")
+    return job
+
+
+def test_sends_that_fell_out_of_a_wrapped_ring_are_not_taken_for_sends_never_posted():
+    """Stage 0's ring kept only its last two entries (step 4's receive and all_reduce): its step-4
+    sends fell out, while stage 1's receives for them are still queued. Nobody waits in a
+    transfer, so the job is healthy; it was two p2p_unmatched findings naming stage 0."""
+    assert pipeline_ahead(skipped_sends=False).diagnosis(ring={0: 2}).findings == []
+    # the same ring, but stage 1's receive is on its device: stage 0 never posted that send
+    root = pipeline_ahead(skipped_sends=True).diagnosis(ring={0: 2}).root
+    assert (root.kind, root.culprit_ranks) == ("p2p_unmatched", [0])
