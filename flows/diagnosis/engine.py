@@ -25,6 +25,7 @@ from rankstream.flows.diagnosis.findings import KINDS, Finding, blocks, verdict_
 from rankstream.flows.diagnosis.groups import Group
 from rankstream.flows.diagnosis.hang_findings import hang_findings, wait_graph
 from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
+from rankstream.flows.diagnosis.own_program import call_in_program
 from rankstream.flows.diagnosis.run import Run
 from rankstream.flows.diagnosis.stragglers import find_stragglers
 from rankstream.flows.diagnosis.waits import WaitGraph
@@ -78,7 +79,10 @@ def _judged_disagreements(run: Run, blocked: set[tuple[int, int]]) -> list[Disag
     for d in found:
         seqs = run.sequences[d.group.code]
         if not d.culprits and d.undecided is None:
-            decide(d, seqs, siblings_of(seqs, run.sequences), suspects=suspects, describe=run.describe)
+            own = {rank: call_in_program(run.calls, rank, group=d.group.code, seq=d.seq,
+                                         from_start=run.starts_at_first_entry(rank)) for rank in d.values}
+            decide(d, seqs, siblings_of(seqs, run.sequences), suspects=suspects, describe=run.describe,
+                   own={rank: value for rank, value in own.items() if value is not None})
         classify(d, seqs, run.calls.unpack, blocked=(d.group.code, d.seq) in blocked)
     return found
 

@@ -7,6 +7,8 @@ Three kinds of evidence, each a vote for one of the values the ranks issued:
 * its siblings: the other groups with the same description and size and no member in common (the
   other tensor-parallel pairs), which run the same step and agree among themselves on this
   sequence number;
+* the ranks' own programs: a rank whose call differs from what its own earlier steps issued at
+  this place, while its peer's matches its own, changed its program (``own_program``);
 * the ranks' behaviour elsewhere: a rank that is the odd one out in another group is the likelier
   culprit here too.
 
@@ -39,8 +41,9 @@ def siblings_of(seqs: GroupSequences, sequences: dict[int, GroupSequences]) -> l
 
 
 def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences], *, suspects: set[int],
-           describe) -> None:
-    """Name ``d``'s culprits and expected value: the majority, or else the evidence."""
+           describe, own: dict[int, int] | None = None) -> None:
+    """Name ``d``'s culprits and expected value: the majority, or else the evidence. ``own``: rank
+    -> the value its own earlier steps issued at this place (``own_program.call_in_program``)."""
     expected = majority(d.values)
     if expected is not None:
         d.expected = expected
@@ -64,6 +67,13 @@ def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences]
             votes[best] += 2
             d.evidence.append(f"{count} sibling {seqs.group.desc or ''} groups issued {_short(describe(best))} "
                               f"at #{d.seq}")
+    kept = {value for rank, value in d.values.items() if (own or {}).get(rank) == value}
+    changed = sorted(rank for rank, value in d.values.items() if (own or {}).get(rank, value) != value)
+    if len(kept) == 1 and changed:
+        (value,) = kept
+        votes[value] += 2
+        d.evidence.append(f"rank(s) {changed} issued another call here than at this place of their own earlier "
+                          f"steps; rank(s) {sorted(r for r, v in d.values.items() if v == value)} issued the same")
     for value in candidates:
         holders = {rank for rank, v in d.values.items() if v == value}
         if holders & suspects:
@@ -77,7 +87,7 @@ def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences]
         return
     d.undecided = (f"undetermined between ranks {', '.join(map(str, sorted(d.values)))}: no majority, and "
                    + ("the evidence is split" if ranked else
-                      "neither the group's history nor sibling groups nor other groups favour one"))
+                      "neither the group's history, sibling groups, the ranks' own steps nor other groups favour one"))
 
 
 def _short(described: dict) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 
 from rankstream.flows.diagnosis.calls import Calls
 from rankstream.flows.diagnosis.entries import Entries
+from rankstream.flows.diagnosis.own_program import in_issue_order
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
@@ -263,7 +264,7 @@ def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: 
     beyond = {kind for kind, count in theirs.items() if count > reference.get(kind, 0)}
     if not beyond or not own_program:
         return bool(beyond)
-    ordered = _in_order(calls, edge.target)
+    ordered = in_issue_order(calls, edge.target)
     kinds = [(group_of[int(g)], int(o)) for g, o in zip(calls.group[ordered].tolist(), calls.op[ordered].tolist())]
     marks = np.flatnonzero(calls.group[ordered] == group).tolist()
     own: Counter = Counter()
@@ -357,7 +358,7 @@ def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: tuple[i
     if usual is None:
         return False
     for peer in peers:
-        rows = _in_order(calls, peer)
+        rows = in_issue_order(calls, peer)
         groups, seqs = calls.group[rows], calls.seq[rows]
         low = np.flatnonzero((groups == group) & (seqs == seq - 1))
         high = np.flatnonzero((groups == group) & (seqs == seq))
@@ -367,12 +368,6 @@ def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: tuple[i
         if int(((groups[start:end] == other[0]) & (calls.op[rows][start:end] == other[1])).sum()) < usual:
             return False
     return True
-
-
-def _in_order(calls: Calls, rank: int) -> np.ndarray:
-    """The rank's calls, in the order it issued them."""
-    rows = np.flatnonzero(calls.rank == rank)
-    return rows[np.argsort(calls.record[rows], kind="stable")]
 
 
 def _entries_in_order(entries: Entries, rank: int) -> np.ndarray:
@@ -385,7 +380,7 @@ def _fewest_before(calls: Calls, rank: int, *, group: int, seq: int, other: tupl
                    from_start: bool) -> int | None:
     """The fewest calls of kind ``other`` the rank issued between two calls of ``group`` before
     ``seq``, when it issued fewer than that between calls ``seq - 1`` and ``seq``; else None."""
-    rows = _in_order(calls, rank)
+    rows = in_issue_order(calls, rank)
     marks: dict[int, int] = {}  # seq -> position of the rank's first call of that number in the group
     for index in np.flatnonzero(calls.group[rows] == group).tolist():
         marks.setdefault(int(calls.seq[rows[index]]), index)
@@ -450,7 +445,7 @@ def late_for(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: C
     in_group = rows[calls.group[rows] == group]
     if not (calls.seq[in_group] == seq).any() or not (calls.seq[in_group] == seq - 1).any():
         return False
-    ordered = _in_order(calls, edge.target)
+    ordered = in_issue_order(calls, edge.target)
     kinds = [(group_of[int(g)], int(o)) for g, o in zip(calls.group[ordered].tolist(), calls.op[ordered].tolist())]
     mine = (calls.group[ordered] == group).tolist()
     seqs = calls.seq[ordered].tolist()
