@@ -18,6 +18,7 @@ from rankstream.flows.diagnosis.findings import Finding, ranks_text
 from rankstream.flows.diagnosis.held import held_devices
 from rankstream.flows.diagnosis.matching import Disagreement
 from rankstream.flows.diagnosis.origin import shift_origin
+from rankstream.flows.diagnosis.own_program import passed_in_program
 from rankstream.flows.diagnosis.p2p import Mismatch
 from rankstream.flows.diagnosis.program_order import completed_later, first_in_program
 from rankstream.flows.diagnosis.run import Run, place_of
@@ -320,7 +321,8 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
                     references[where] = _program_between(run, group_desc, *where)
                 family = _family(run, edge.waiter.group)
                 verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where],
-                                          own_program=family - {edge.target} <= mates.get(edge.target, set()))
+                                          own_program=family - {edge.target} <= mates.get(edge.target, set())) \
+                    or _passed(run, edge)
             if verdicts[key]:
                 found.setdefault(edge.target, []).append(edge)
     return found
@@ -343,14 +345,15 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
                 same = places[key] = _same_place(run, *key)
                 verdicts[key] = same is not None and (
                     late_for(edge, run.calls, run.roles, reference=same[0], played=same[1]) if same[2]
-                    else _late_in_own_program(run, edge, places))  # a minority's example needs the rank's own too
+                    else _late_in_own_program(run, edge, places)) or _passed(run, edge)  # a minority's example
+                # needs the rank's own too
             if verdicts[key] and reach.free_or_circular(edge):
                 found.setdefault(edge.target, []).append(edge)
     for cycle in graph.cycles():
         late = set(cycle) & set(found)
         if len(late) > 1:  # late for each other: only a rank late against its own program too changed it
             for rank in late:
-                if not any(_late_in_own_program(run, edge, places) for edge in found[rank]):
+                if not any(_late_in_own_program(run, edge, places) or _passed(run, edge) for edge in found[rank]):
                     found.pop(rank)
     for cycle in graph.cycles():  # a rank that only swapped two calls is late too: the order finding says more
         if set(cycle) & set(found):
@@ -361,8 +364,17 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
     return found
 
 
+def _passed(run: Run, edge: Edge) -> bool:
+    """Whether the target reached the waited call late, or went past it, by its own program's
+    calls and transfers (``own_program.passed_in_program``)."""
+    return passed_in_program(run.entries, edge.target, group=edge.waiter.group, seq=edge.waiter.seq,
+                             waiter=edge.waiter.rank, from_start=run.starts_at_first_entry(edge.target))
+
+
 def _late_in_own_program(run: Run, edge: Edge, places: dict) -> bool:
     """``late_for`` against the target's own earlier calls of the group as well."""
+    if places[edge.waiter.group, edge.waiter.seq, edge.target] is None:
+        return False
     reference, played, _ = places[edge.waiter.group, edge.waiter.seq, edge.target]
     return late_for(edge, run.calls, run.roles, reference=reference, played=played, own_program=True,
                     from_start=run.starts_at_first_entry(edge.target))

@@ -30,7 +30,7 @@ import numpy as np
 
 from rankstream.flows.diagnosis.calls import Calls
 from rankstream.flows.diagnosis.entries import Entries
-from rankstream.flows.diagnosis.own_program import in_issue_order
+from rankstream.flows.diagnosis.own_program import entries_in_order, in_issue_order
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
@@ -281,7 +281,7 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
     if op not in entries.vocabulary.ops:
         return False
     code = entries.vocabulary.ops.index(op)
-    rows = _entries_in_order(entries, rank)
+    rows = entries_in_order(entries, rank)
     mine = (entries.is_p2p[rows] & (entries.op[rows] == code) & (entries.peer[rows] == peer)
             & (entries.group[rows] == group))
     marks = np.flatnonzero(mine)
@@ -304,7 +304,7 @@ def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op
         return False
     # a step that is short for both (fewer micro-batches, an eval step) is no skip: in that very
     # period (by the numbers of a collective both issue) the peer posted a usual period's worth
-    peer_rows = _entries_in_order(entries, peer)
+    peer_rows = entries_in_order(entries, peer)
     theirs = (entries.is_p2p[peer_rows] & (entries.op[peer_rows] != code) & (entries.peer[peer_rows] == rank)
               & (entries.group[peer_rows] == group))
     for (marker_group, marker_op), (low_index, high_index), usual in periods:
@@ -370,12 +370,6 @@ def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: tuple[i
     return True
 
 
-def _entries_in_order(entries: Entries, rank: int) -> np.ndarray:
-    """The rank's entries, in the order it recorded them."""
-    rows = np.flatnonzero(entries.rank == rank)
-    return rows[np.argsort(entries.record[rows], kind="stable")]
-
-
 def _fewest_before(calls: Calls, rank: int, *, group: int, seq: int, other: tuple[int, int],
                    from_start: bool) -> int | None:
     """The fewest calls of kind ``other`` the rank issued between two calls of ``group`` before
@@ -405,7 +399,7 @@ def transfer_out_of_program(entries: Entries, rank: int, *, group: int, number: 
     posted the same transfers, and the one at this index of the period went the other way or to
     another peer (a receive posted where the rank always sends first). When no whole period is
     there, a ring that holds the rank's first entry lends the stretch before the first call."""
-    rows = _entries_in_order(entries, rank)
+    rows = entries_in_order(entries, rank)
     transfer = (entries.is_p2p[rows] & (entries.group[rows] == group)).tolist()
     numbers = entries.p2p_seq[rows].tolist()
     here = next((i for i, (mine, n) in enumerate(zip(transfer, numbers)) if mine and n == number), None)

@@ -810,3 +810,32 @@ def test_with_no_majority_the_rank_whose_call_differs_from_its_own_earlier_step_
     # steps that differ predict nothing: undetermined, but the rank that kept its program is never named
     root = tensor_pair_skip(eval_step=True).diagnosis().root
     assert root.culprit_ranks != [0]
+
+
+def test_a_stage_that_skipped_a_tensor_parallel_call_and_went_on_to_its_transfers_is_the_culprit():
+    """Two pipeline stages of a tensor-parallel pair each; per step, stage 0 runs two micro-batches
+    (two alike tp calls, then a send) and receives two gradients, stage 1 the mirror, then all
+    ranks all_reduce. In step 1 rank 1 skips the first tp call of micro-batch 1 and goes on to its
+    send and receive: the waits close the cycle 0 -> 1 -> 3 -> 2 -> 0 (tp, p2p, tp, p2p), which
+    was a deadlock of four. Its own step 0 shows two sends before that tp call, not one."""
+    job = Groups({"tp0": [0, 1], "tp1": [2, 3], "pp0": [0, 2], "pp1": [1, 3], "world": [0, 1, 2, 3]})
+    tp = {0: "tp0", 1: "tp0", 2: "tp1", 3: "tp1"}
+    pp = {0: "pp0", 1: "pp1", 2: "pp0", 3: "pp1"}
+    stage0 = ["tp", "tp", "send 0->1", "tp", "tp", "send 0->1", "recv 0<-1", "recv 0<-1", "world"]
+    stage1 = ["recv 1<-0", "tp", "tp", "recv 1<-0", "tp", "tp", "send 1->0", "send 1->0", "world"]
+    step1 = {  # (states of step 1's entries in program order; None: rank 1's skipped call)
+        0: ["completed"] * 4 + ["started"] + ["scheduled"] * 4,
+        1: ["completed"] * 3 + [None] + ["completed"] * 2 + ["started", "scheduled", "scheduled"],
+        2: ["completed"] * 3 + ["started"] + ["scheduled"] * 5,
+        3: ["completed"] * 4 + ["started"] + ["scheduled"] * 4}
+    for rank in range(4):
+        program = stage0 if rank < 2 else stage1
+        for state, what in [("completed", what) for what in program] + list(zip(step1[rank], program)):
+            if state is None:
+                continue
+            if what in ("tp", "world"):
+                job.call(rank, tp[rank] if what == "tp" else "world", state=state)
+            else:
+                job.transfer(rank, pp[rank], what, state=state)
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group) == ("skipped_collective", [1], "tp0")
