@@ -58,7 +58,11 @@ class ClockRounds:
     or timed out (so the peers that come late meet the ones that retry)."""
 
     def __init__(self, store, run_id: str, world_size: int, *, timeout_s: float = 10.0) -> None:
-        self._store = store
+        """``store``: the process group's store. The rounds use a connection of their own to it
+        (``Store.clone``): a store client serves one request at a time, so a barrier waiting on
+        the training thread's client held up the job's own store calls (``new_group``'s
+        rendezvous) for as long as the wait, up to the timeout."""
+        self._store = _own_connection(store)
         self._run_id = run_id
         self._world_size = world_size
         self._timeout_s = timeout_s
@@ -73,3 +77,12 @@ class ClockRounds:
             return sample_clock(self._store, self._run_id, round_number, world_size=self._world_size, timeout_s=self._timeout_s)
         finally:  # the first rank to get here moves everyone on; the others find it done
             self._store.compare_set(self._key, str(round_number), str(round_number + 1))
+
+
+def _own_connection(store):
+    """A client of the same store for this thread alone, or the store itself when it has no
+    clients to clone (an in-process ``HashStore``, a ``FileStore``: neither serializes waits)."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError, NotImplementedError):  # no connection to clone
+        return store

@@ -88,8 +88,13 @@ DUMP_CPU_SHARE = 0.002
 class FlightRecorderTap:
     def __init__(self, producer, interval_s: float = 1.0, full_every_s: float = 1.0, *, ring_size: int = 2000,
                  backend: str | None = None, dumps: FlightRecorderDumps | None = None,
-                 main_thread_id: int | None = None, dump_cpu_share: float | None = DUMP_CPU_SHARE) -> None:
+                 main_thread_id: int | None = None, dump_cpu_share: float | None = DUMP_CPU_SHARE,
+                 groups: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+        """``groups``: the process's process groups as torch lists them now, for dumps whose
+        ``pg_config`` names none (gloo's holds only a nameless placeholder): the groups a job
+        creates after ``init_process_group`` are reported with the first dump that follows."""
         self._producer = producer
+        self._groups_now = groups
         self._dump_cpu_share = dump_cpu_share  # None: no CPU limit on periodic dumps
         self._interval = interval_s
         self._full_every = full_every_s
@@ -202,11 +207,17 @@ class FlightRecorderTap:
         if changed:
             self._producer.emit_fr_entries(changed)
             self.published += len(changed)
-        groups = groups_from_pg_config(dump.get("pg_config"), self._backend)
+        groups = groups_from_pg_config(dump.get("pg_config"), self._backend) or self._listed_groups()
         if groups and groups != self._groups:
             self._groups = groups
             self._producer.emit_process_groups(groups)
         return len(changed)
+
+    def _listed_groups(self) -> list[dict[str, Any]]:
+        try:
+            return self._groups_now() if self._groups_now else []
+        except Exception:  # the groups are metadata: a torch that lists them otherwise costs only them
+            return []
 
     def _note_fill_rate(self, newest_record: int) -> None:
         now = time.monotonic()

@@ -138,7 +138,8 @@ class RankSession:
         self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,
                                          local_world_size=launch.local_world_size, **_versions())
         self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s, full_every_s=fr_full_every_s,
-                                     ring_size=flight_recorder_buffer_size() or 2000) if fr_tap else None
+                                     ring_size=flight_recorder_buffer_size() or 2000,
+                                     groups=process_groups_now) if fr_tap else None
         if self.tap:
             self.tap.start()
         self._groups_sent = False
@@ -194,16 +195,10 @@ class RankSession:
             return
         self._groups_sent = True
         try:
-            backend = dist.get_backend()
-            groups = []
-            for config in dist.distributed_c10d._get_all_pg_configs():
-                ranks = config.get("ranks")
-                groups.append({"pg_name": str(config.get("pg_name")), "pg_desc": config.get("pg_desc"),
-                               "ranks": list(ranks) if ranks else None,
-                               "backend": str(config.get("backend") or backend)})
+            groups = process_groups_now()
             if groups:
                 self.producer.emit_process_groups(groups)
-            self.producer.emit_rank_metadata(backend=backend)
+            self.producer.emit_rank_metadata(backend=dist.get_backend())
         except Exception as exc:  # the groups are optional metadata: the failure is stored as an event
             self.producer.emit("rankstream_error", "rankstream", "i", ts_ns=time.time_ns(),
                                args={"where": "process groups", "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -266,6 +261,20 @@ class RankSession:
                 signal.signal(signum, handler)
             except (ValueError, OSError):
                 pass
+
+
+def process_groups_now() -> list[dict[str, Any]]:
+    """The process's process groups as torch lists them (none before ``init_process_group``)."""
+    dist = _dist()
+    if dist is None:
+        return []
+    backend = dist.get_backend()
+    groups = []
+    for config in dist.distributed_c10d._get_all_pg_configs():
+        ranks = config.get("ranks")
+        groups.append({"pg_name": str(config.get("pg_name")), "pg_desc": config.get("pg_desc"),
+                       "ranks": list(ranks) if ranks else None, "backend": str(config.get("backend") or backend)})
+    return groups
 
 
 def _versions() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Callable
 
 from rankstream.autostart import AGREED_RUN_ID, DUMP_REQUEST
 from rankstream.schemas.config import Config, ProducerSettings
+from rankstream.schemas.processes import descendants, start_ticks
 from rankstream.schemas.settings import RunOptions, absolute_paths, config_env, run_environment, with_overrides
 
 __all__ = ["JobOptions", "run_job", "new_run_id", "BOOTSTRAP_DIR", "ON_HANG"]
@@ -341,11 +342,26 @@ def _ingest_lag(config: Config) -> str:
 
 
 def _end(job: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(job.pid, signal.SIGTERM)
+    """SIGTERM to the job and every process below it, then SIGKILL to whatever is left after the
+    grace. A launcher's workers may sit in sessions of their own (torchrun's do), where a signal
+    to the job's process group never arrives, and a rank blocked in a collective may not act on
+    SIGTERM: without this, the hung ranks outlived ``--on-hang kill``."""
+    tree = descendants(job.pid)
+    _signal_all(job, tree, signal.SIGTERM)
     try:
         job.wait(KILL_GRACE_S)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        pass
+    _signal_all(job, {**tree, **(descendants(job.pid) if job.poll() is None else {})}, signal.SIGKILL)
+    job.wait()
+
+
+def _signal_all(job: subprocess.Popen, tree: dict[int, int | None], number: int) -> None:
+    """``number`` to the job's process group and to each process of ``tree`` that is still the
+    one recorded (its start time: a pid reused since is someone else's)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, number)
+    for pid, started in tree.items():
+        if started is not None and start_ticks(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)

@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-__all__ = ["process_alive", "stop_process", "yield_to_training", "start_ticks", "is_process"]
+__all__ = ["process_alive", "stop_process", "yield_to_training", "start_ticks", "is_process", "descendants"]
 
 #: How much lower the broker and materializer run than the job (``nice``): on the training node
 #: they take only the CPU the ranks leave (docs/benchmarks.md, `rankstream run`'s overhead).
@@ -51,6 +51,29 @@ def is_process(pid: int, started: int | None, *, command_has: str) -> bool:
         return started is not None  # no /proc: trust a record that has a start time
 
 
+def descendants(pid: int) -> dict[int, int | None]:
+    """Every process below ``pid`` (children, their children, ...), as pid -> start ticks. A
+    launcher such as torchrun starts each worker in a session of its own, so a signal to the
+    launcher's process group never reaches them, and once the launcher is gone they belong to
+    init: the tree has to be read while the launcher lives."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+            parents.setdefault(parent, []).append(int(entry))
+    found, todo = {}, list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if child not in found:
+            found[child] = start_ticks(child)
+            todo += parents.get(child, [])
+    return found
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -63,7 +86,6 @@ def process_alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return True
-
 
 
 def stop_process(pid: int, timeout_s: float = 10.0) -> bool:

@@ -24,8 +24,8 @@ from rankstream.flows.diagnosis.program_order import completed_later, first_in_p
 from rankstream.flows.diagnosis.run import Run, place_of
 from rankstream.flows.diagnosis.sequences import GroupSequences, period_of
 from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_wait_graph, came_early, gone_past,
-                                              transfer_out_of_program,
-                                              gone_past_transfer, late_for, program_between, waiting_positions)
+                                              gone_past_first_call, gone_past_transfer, late_for, program_between,
+                                              transfer_out_of_program, waiting_positions)
 
 __all__ = ["wait_graph", "hang_findings"]
 
@@ -322,7 +322,9 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
                 family = _family(run, edge.waiter.group)
                 verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where],
                                           own_program=family - {edge.target} <= mates.get(edge.target, set())) \
-                    or _passed(run, edge)
+                    or _passed(run, edge) or gone_past_first_call(
+                        edge, run.calls, group_desc,
+                        from_start=run.starts_at_first_entry(edge.target) and run.starts_at_first_entry(edge.waiter.rank))
             if verdicts[key]:
                 found.setdefault(edge.target, []).append(edge)
     return found

@@ -34,7 +34,7 @@ from rankstream.flows.diagnosis.own_program import entries_in_order, in_issue_or
 from rankstream.flows.diagnosis.sequences import GroupSequences
 
 __all__ = ["Position", "Edge", "WaitGraph", "waiting_positions", "build_wait_graph", "gone_past", "program_between",
-           "gone_past_transfer", "late_for", "came_early",
+           "gone_past_transfer", "gone_past_first_call", "late_for", "came_early",
            "transfer_out_of_program"]
 
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
@@ -271,6 +271,29 @@ def gone_past(edge: Edge, calls: Calls, group_of: dict[int, str], *, reference: 
     for low, high in zip(marks[:-1], marks[1:]):
         own |= Counter(kind for kind in kinds[low + 1:high] if kind in beyond)
     return any(theirs[kind] > own.get(kind, 0) for kind in beyond)
+
+
+def gone_past_first_call(edge: Edge, calls: Calls, group_of: dict[int, str], *, from_start: bool) -> bool:
+    """Whether the absent target of ``edge``, waited for in a group's first call and having issued
+    none of its calls, went past it: it issued calls of some kind more often than the waiter did
+    before its own first call of the group. ``from_start``: both rings hold their first entries,
+    so nothing before them is missing. (With gloo, which blocks in each call, a rank that issued
+    the two calls the other way round leaves the same records: the skip is the reading taken.)"""
+    group = edge.waiter.group
+    if edge.waiter.seq != 1 or not from_start:
+        return False
+    target_rows = np.flatnonzero(calls.rank == edge.target)
+    if not len(target_rows) or (calls.group[target_rows] == group).any():
+        return False
+    ordered = in_issue_order(calls, edge.waiter.rank)
+    first = np.flatnonzero((calls.group[ordered] == group) & (calls.seq[ordered] == 1))
+    if not len(first):
+        return False
+    before = Counter((group_of[int(g)], int(o)) for g, o in zip(calls.group[ordered[:first[0]]].tolist(),
+                                                                 calls.op[ordered[:first[0]]].tolist()))
+    theirs = Counter((group_of[int(g)], int(o)) for g, o in zip(calls.group[target_rows].tolist(),
+                                                                calls.op[target_rows].tolist()))
+    return any(count > before[kind] for kind, count in theirs.items())
 
 
 def gone_past_transfer(entries: Entries, rank: int, *, peer: int, group: int, op: str) -> bool:

@@ -63,6 +63,8 @@ class JobSpec:
     dump_flight_recorder: bool = False
     #: Where the rank's stdout and stderr go (torch's and Kineto's chatter); empty keeps them.
     log_path: str = ""
+    #: The step the fault happens in; None: the middle one.
+    fault_step: int | None = None
 
 
 def _tp_pairs(world_size: int):
@@ -94,7 +96,7 @@ def train_rank(rank: int, spec: JobSpec, environment: dict[str, str]) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     faulty = spec.fault != "none" and rank == spec.fault_rank
-    middle = spec.steps // 2
+    middle = spec.steps // 2 if spec.fault_step is None else spec.fault_step
     report: dict = {"rank": rank}
     if faulty:
         rankstream.instant("fault_injection_armed", fault=spec.fault, step=middle)

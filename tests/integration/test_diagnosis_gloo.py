@@ -25,10 +25,10 @@ pytestmark = pytest.mark.integration
 TIMEOUT_S = 14
 
 
-def _run(live, tmp_path, fault: str, fault_rank: int):
+def _run(live, tmp_path, fault: str, fault_rank: int, *, fault_step: int | None = None):
     # a job that goes on after the fault runs long enough for the watch to see it while it runs
     spec = JobSpec(run_id=f"g-{fault}-{uuid.uuid4().hex[:6]}", world_size=4, steps=40 if fault == "size" else 6,
-                   fault=fault,
+                   fault=fault, fault_step=fault_step,
                    fault_rank=fault_rank, master_port=free_port(), report_dir=str(tmp_path),
                    collective_timeout_s=TIMEOUT_S, dump_flight_recorder=True)
     processes = start_job(spec, config_env(live))
@@ -88,3 +88,14 @@ def test_the_culprit_is_named_from_dumps_stored_data_and_live(live, tmp_path, fa
     # the same run as stored through the bus: the same culprit
     stored, _ = diagnose_run(live.db_path, spec.run_id)
     assert stored.findings[0].culprit_ranks == [culprit], stored.root_cause
+
+
+def test_a_rank_that_skips_its_pair_s_very_first_call_is_named(live, tmp_path):
+    """The pair (2, 3) is created after ``init_process_group``; rank 3 skips its first call, so
+    only rank 2 ever records an entry of it. gloo's dumps list no groups: the stored run knows the
+    pair's members only from the groups torch lists, reported with the ranks' dumps (it named rank
+    2's peers in the world group when the pair's members were read from its entries alone)."""
+    spec, episode, _ = _run(live, tmp_path, "cross_group", 3, fault_step=0)
+    assert episode is not None and episode["culprit_ranks"] == [3], episode
+    stored, _ = diagnose_run(live.db_path, spec.run_id)
+    assert (stored.findings[0].kind, stored.findings[0].culprit_ranks) == ("skipped_collective", [3]), stored.root_cause

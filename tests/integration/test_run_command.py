@@ -10,11 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from rankstream.schemas.processes import process_alive
 from rankstream.schemas.settings import config_env
 
 from .conftest import cli, free_port
@@ -68,11 +70,13 @@ def test_the_job_exit_code_is_returned_and_nothing_captured_is_said(make_config)
 
 def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config):
     config = make_config(broker_port=free_port(), partitions=2)
-    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--no-profile", "--",
-               *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "8", "--timeout-s", "300")]
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--no-profile", "--", "timeout", "250",
+               *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "8", "--timeout-s", "300",
+                        "--stall-in", "all_gather")]
     started = time.monotonic()
-    process = subprocess.Popen(command, env={**os.environ, **config_env(config)}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    tag = f"killed-job-{uuid.uuid4().hex}"  # in every process of the job's environment
+    process = subprocess.Popen(command, env={**os.environ, **config_env(config), "RANKSTREAM_TEST_TAG": tag},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stalled_at = named_at = None
     lines = []
     for line in process.stdout:
@@ -87,6 +91,22 @@ def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config):
     assert stalled_at is not None and named_at is not None, output
     assert named_at - stalled_at <= 10, output
     assert time.monotonic() - started < 200  # ended by run, not by the 300 s collective timeout
+    # torchrun's workers sit in sessions of their own, and both ranks are blocked in gloo: behind a
+    # wrapper (``timeout``), they used to outlive the killed launcher
+    assert _processes_with(tag) == [], output
+
+
+def _processes_with(tag: str) -> list[int]:
+    """The live processes whose environment holds ``tag``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if tag.encode() in environ.read() and process_alive(int(entry)):
+                    found.append(int(entry))
+        except (OSError, ValueError):  # not a process, or gone
+            continue
+    return found
 
 
 def test_two_launches_on_the_same_master_port_are_two_runs(make_config, tmp_path):

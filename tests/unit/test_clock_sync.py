@@ -1,6 +1,8 @@
 """Clock-sync rounds agreed through the store: a late rank meets the peers that retried."""
 
 import threading
+
+import pytest
 import time
 
 from rankstream.producers.clock_sync import ClockRounds
@@ -75,3 +77,25 @@ def test_rounds_that_succeed_move_on_together():
     for thread in threads:
         thread.join(10)
     assert [s.round for s in first] == [s.round for s in second] == [0, 1, 2]
+
+
+def test_a_round_waiting_for_an_absent_peer_does_not_hold_up_the_job_s_own_store_calls():
+    """The round waits on a connection of its own: on the training thread's client, torch's
+    ``new_group`` waited behind it for up to the round's timeout."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = dist.PrefixStore("default_pg/0/", server)
+    rounds = ClockRounds(store, "run", world_size=2, timeout_s=6.0)
+    waiting = threading.Thread(target=lambda: pytest.raises(Exception, rounds.sample))
+    waiting.start()
+    watcher = store.clone()  # looks on a client of its own
+    while not watcher.check(["rankstream/clock/run/0/a/arrived"]):
+        time.sleep(0.01)  # until the round is in its barrier, waiting for the absent peer
+    asked = time.monotonic()
+    store.set("the job's own key", b"1")  # what new_group does on the training thread
+    took = time.monotonic() - asked
+    waiting.join()
+    assert took < 3.0  # it did not wait out the round's 6 s (a store call takes milliseconds)

@@ -98,6 +98,7 @@ class FakeRing:
         self.entries = [dump_entry(0), dump_entry(1)]
         self.enqueued, self.completed = 1, 1
         self.full_dumps = 0
+        self.pg_config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
 
     def status(self):
         return pickle.dumps({"pg_status": {"0": {"last_enqueued_collective": self.enqueued,
@@ -105,8 +106,7 @@ class FakeRing:
 
     def full(self):
         self.full_dumps += 1
-        return pickle.dumps({"entries": self.entries, "pg_status": {},
-                             "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}})
+        return pickle.dumps({"entries": self.entries, "pg_status": {}, "pg_config": self.pg_config})
 
     def dumps(self, frames=None):
         return FlightRecorderDumps(status=self.status, entries=self.full, entries_with_frames=frames or self.full)
@@ -235,3 +235,20 @@ def test_the_final_snapshot_adds_frames_but_never_blocks_on_them():
     tap2.snapshot()
     tap2.snapshot(final=True)
     assert recorder2.fr[0][0]["frames"] is None and recorder2.fr[-1][0]["frames"][0]["name"] == "train"
+
+
+def test_groups_created_after_the_first_report_reach_the_bus_when_the_dump_lists_none():
+    """gloo's dumps list no groups (a nameless placeholder): the groups come from torch's own list,
+    re-read at each full dump, so a subgroup created after ``init_process_group`` is reported (the
+    diagnosis needs its members to see one that never joined)."""
+    ring, recorder = FakeRing(), Recorder()
+    ring.pg_config = {"": {"name": "", "desc": "", "ranks": "[]"}}
+    listed = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1], "backend": "gloo"}]
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dumps=ring.dumps(), dump_cpu_share=None,
+                            groups=lambda: list(listed))
+    tap.snapshot()
+    listed.append({"pg_name": "1", "pg_desc": "undefined", "ranks": [0], "backend": "gloo"})  # new_group
+    ring.entries = ring.entries + [dump_entry(2, group=("1", "undefined"))]
+    ring.enqueued = ring.completed = 2
+    tap.snapshot()
+    assert [[g["pg_name"] for g in groups] for groups in recorder.groups] == [["0"], ["0", "1"]]
