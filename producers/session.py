@@ -25,6 +25,7 @@ from rankstream.producers.on_demand import OnDemandWindows
 from rankstream.producers.producer import Producer
 from rankstream.producers.profiler import ProfilerStream
 from rankstream.producers.requests import RequestListener
+from rankstream.producers.signal_watch import SignalWatch
 
 __all__ = ["RankSession", "resolve_identity"]
 
@@ -246,10 +247,12 @@ class RankSession:
         sys.excepthook = excepthook
         if threading.current_thread() is not threading.main_thread():
             return
+        watch = SignalWatch(self.emergency_flush)
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(signum)
 
             def handler(number, frame, previous=previous):
+                watch.handled(number)
                 self.emergency_flush(f"signal {signal.Signals(number).name}")
                 if callable(previous):
                     previous(number, frame)
@@ -260,7 +263,9 @@ class RankSession:
             try:
                 signal.signal(signum, handler)
             except (ValueError, OSError):
-                pass
+                continue
+            if signum == signal.SIGTERM and previous == signal.SIG_DFL:
+                watch.install()
 
 
 def process_groups_now() -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -96,17 +97,51 @@ def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config):
     assert _processes_with(tag) == [], output
 
 
-def _processes_with(tag: str) -> list[int]:
-    """The live processes whose environment holds ``tag``."""
+def _processes_with(tag: str, *, also: str = "") -> list[int]:
+    """The live processes whose environment holds ``tag`` (and ``also``)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/environ", "rb") as environ:
-                if tag.encode() in environ.read() and process_alive(int(entry)):
-                    found.append(int(entry))
+                text = environ.read()
+            if tag.encode() in text and also.encode() in text and process_alive(int(entry)):
+                found.append(int(entry))
         except (OSError, ValueError):  # not a process, or gone
             continue
     return found
+
+
+def test_a_rank_blocked_in_a_collective_still_ends_on_sigterm(make_config):
+    """Python runs signal handlers only between bytecodes, so rankstream's flush-on-SIGTERM handler
+    never ran in a rank blocked in gloo, and the rank ignored SIGTERM (torchrun's teardown, a
+    user's kill); the signal watch ends it after a flush."""
+    config = make_config(broker_port=free_port(), partitions=2)
+    tag = f"sigterm-job-{uuid.uuid4().hex}"
+    command = [sys.executable, "-m", "rankstream", "run", "--no-profile", "--",
+               *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "3", "--timeout-s", "300",
+                         "--stall-in", "all_gather")]
+    process = subprocess.Popen(command, env={**os.environ, **config_env(config), "RANKSTREAM_TEST_TAG": tag},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not any(line.startswith("STALL") for line in list(lines)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # both ranks are in gloo now
+    ranks = _processes_with(tag, also="LOCAL_RANK=")  # the workers, not torchrun
+    assert len(ranks) == 2, "".join(lines)
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while any(process_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert not any(process_alive(pid) for pid in ranks), "".join(lines)
+    finally:
+        for pid in _processes_with(tag):
+            os.kill(pid, signal.SIGKILL)
+        process.wait(60)
 
 
 def test_two_launches_on_the_same_master_port_are_two_runs(make_config, tmp_path):
