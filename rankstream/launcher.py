@@ -69,6 +69,9 @@ class JobOptions:
     profile_active: int = 2
     on_hang: str = "wait"
     status_every_s: float = 5.0
+    #: ``--on-hang kill`` ends the job once a hang has lasted this long: a shorter pause (a rank
+    #: saving a checkpoint while its peers wait) is reported, but the job goes on.
+    kill_after_s: float = 30.0
 
 
 def new_run_id(command: list[str]) -> str:
@@ -226,13 +229,13 @@ class _Watch:
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + self.options.status_every_s
                     self.say(self.status_line())
-                if self._new_findings() and self.options.on_hang != "wait":
-                    if self.options.on_hang == "dump":
-                        self._dump()
-                    else:
-                        self.say("rankstream: --on-hang kill: ending the job")
-                        _end(job)
-                        return True
+                if self._new_findings() and self.options.on_hang == "dump":
+                    self._dump()
+                if self.options.on_hang == "kill" and self._hang_lasted(self.options.kill_after_s):
+                    self.say(f"rankstream: --on-hang kill: the hang lasted {self.options.kill_after_s:g} s, "
+                             "ending the job")
+                    _end(job)
+                    return True
             except Exception as exc:  # the database is busy or the materializer restarting: next time
                 self.say(f"rankstream: status unavailable: {type(exc).__name__}: {exc}"[:200])
         return False
@@ -277,6 +280,11 @@ class _Watch:
                 self.say(f"rankstream: {finding['kind'].upper()}: {finding['detail']}"
                          + (f" (culprit rank {', '.join(map(str, culprits))})" if culprits else ""))
         return found
+
+    def _hang_lasted(self, seconds: float) -> bool:
+        from rankstream.status import live_findings
+
+        return any(finding["for_s"] >= seconds for finding in live_findings(self._db(), self.run_id))
 
     def _dump(self) -> None:
         """Ask every rank of this node for its Flight Recorder dump and Python stacks."""

@@ -24,6 +24,10 @@ def run_command(
     on_hang: str = typer.Option("wait", "--on-hang", help="When a hang is found: wait (report, keep waiting), "
                                                           "dump (also FR dumps and Python stacks), kill (end the job)."),
     status_every: float = typer.Option(5.0, "--status-every", min=0.5, help="Seconds between status lines."),
+    kill_after: float = typer.Option(30.0, "--kill-after", min=0.0,
+                                     help="With --on-hang kill: end the job once a hang has lasted this many "
+                                          "seconds (a shorter pause, such as one rank saving a checkpoint, is "
+                                          "only reported)."),
 ) -> None:
     """Run a training job unmodified, with every rank captured, live status and hang diagnosis."""
     launcher = server_module("launcher")
@@ -34,7 +38,7 @@ def run_command(
         raise typer.BadParameter(f"--profile-every {every} leaves no room for a window of --active {active} "
                                  "steps and its warm-up step; use at least active + 2")
     options = launcher.JobOptions(command=list(command), run_id=run or requested_run_id(), profile_every=every, profile_active=active,
-                                  on_hang=on_hang, status_every_s=status_every)
+                                  on_hang=on_hang, status_every_s=status_every, kill_after_s=kill_after)
     code = launcher.run_job(config(), options, say=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     raise typer.Exit(code)
 

@@ -71,14 +71,15 @@ def test_the_job_exit_code_is_returned_and_nothing_captured_is_said(make_config)
 
 def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config):
     config = make_config(broker_port=free_port(), partitions=2)
-    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--no-profile", "--", "timeout", "250",
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--kill-after", "15", "--no-profile",
+               "--", "timeout", "250",
                *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "8", "--timeout-s", "300",
                         "--stall-in", "all_gather")]
     started = time.monotonic()
     tag = f"killed-job-{uuid.uuid4().hex}"  # in every process of the job's environment
     process = subprocess.Popen(command, env={**os.environ, **config_env(config), "RANKSTREAM_TEST_TAG": tag},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    stalled_at = named_at = None
+    stalled_at = named_at = ended_at = None
     lines = []
     for line in process.stdout:
         lines.append(line)
@@ -86,11 +87,14 @@ def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config):
             stalled_at = time.monotonic()
         if "culprit rank 1" in line and named_at is None:
             named_at = time.monotonic()
+        if "--on-hang kill" in line and ended_at is None:
+            ended_at = time.monotonic()
     code = process.wait(timeout=120)
     output = "".join(lines)
     assert code != 0, output
-    assert stalled_at is not None and named_at is not None, output
+    assert stalled_at is not None and named_at is not None and ended_at is not None, output
     assert named_at - stalled_at <= 10, output
+    assert ended_at - named_at >= 12, output  # the hang had to last --kill-after 15 s (from when the watch saw it)
     assert time.monotonic() - started < 200  # ended by run, not by the 300 s collective timeout
     # torchrun's workers sit in sessions of their own, and both ranks are blocked in gloo: behind a
     # wrapper (``timeout``), they used to outlive the killed launcher
