@@ -28,6 +28,8 @@ GRACE_S = 2.0
 
 
 class SignalWatch:
+    """The watch of one process: ``install`` once, and call ``handled`` from the Python handler."""
+
     def __init__(self, flush: Callable[[str], None], *, grace_s: float = GRACE_S) -> None:
         self._flush = flush
         self._grace = grace_s
@@ -48,11 +50,13 @@ class SignalWatch:
         try:
             previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         except (ValueError, OSError):  # not the main thread, or no wakeup fd here
-            reader.close(), writer.close()
+            reader.close()
+            writer.close()
             return False
         if previous != -1:  # someone else's (an event loop): give it back
             signal.set_wakeup_fd(previous)
-            reader.close(), writer.close()
+            reader.close()
+            writer.close()
             return False
         self._sockets = (reader, writer)  # kept open for the life of the process
         threading.Thread(target=self._watch, args=(reader,), name="rankstream-signals", daemon=True).start()

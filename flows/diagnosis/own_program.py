@@ -3,8 +3,9 @@
 A step ends with the same collective every time (the optimizer's all_reduce, a barrier, the
 step's last call of some group), so the stretches between two calls of such a *marker* are the
 rank's periods. When every earlier period issued the same calls and transfers in the same order,
-that pattern is the rank's program, and the stretch since the marker's last call is the current
-period so far. Two readings follow:
+that pattern is the rank's program; the period that holds the place in question (up to the
+marker's next call, which a host running ahead may have enqueued already) is the current one.
+Two readings follow:
 
 * what the rank should have issued at some place (``call_in_program``): where no majority decides
   between two ranks (a two-rank group), the rank whose call differs from its own prediction,
@@ -12,7 +13,9 @@ period so far. Two readings follow:
 * whether a rank waited for in a call reached it late or went past it (``passed_in_program``):
   before its own call of that number, or by now if it never issued it, it issued something its
   program has only after that place, such as the send and receive that follow a skipped
-  tensor-parallel call in a pipeline stage (its later calls of the group are shifted by one).
+  tensor-parallel call in a pipeline stage (its later calls of the group are shifted by one). A
+  rank that issued as many calls of that kind in the period as its program, only in another
+  order, swapped two calls: that is left to the order finding.
 
 Only a regular program predicts: a marker whose periods differ gives no reading, nor does one
 whose current period already holds more calls of some kind than the pattern (an eval step or a
