@@ -361,7 +361,9 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
         if set(cycle) & set(found):
             swapped = _out_of_order(run, cycle, [e.waiter for r in cycle for e in graph.edges[r] if e.target in cycle],
                                     graph=graph)
-            for rank in swapped.culprit_ranks if swapped is not None else ():
+            culprits = set(swapped.culprit_ranks) if swapped is not None else set()
+            # the swapper late too: so is its peer behind the swap (late by a step that legitimately grew)
+            for rank in cycle if culprits & set(found) else culprits:
                 found.pop(rank, None)
     return found
 
