@@ -319,9 +319,9 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
             if key not in verdicts:
                 if where not in references:
                     references[where] = _program_between(run, group_desc, *where)
-                family = _family(run, edge.waiter.group)
+                examples = _reached(run, *where)
                 verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where],
-                                          own_program=family - {edge.target} <= mates.get(edge.target, set())) \
+                                          own_program=examples - {edge.target} <= mates.get(edge.target, set())) \
                     or _passed(run, edge) or gone_past_first_call(
                         edge, run.calls, group_desc,
                         from_start=run.starts_at_first_entry(edge.target) and run.starts_at_first_entry(edge.waiter.rank))
@@ -443,10 +443,12 @@ def _gap_of(run: Run, edge: Edge):
                 and g.group == edge.waiter.group and g.p2p_seq == -edge.waiter.seq)
 
 
-def _family(run: Run, group: int) -> set[int]:
-    """The members of a group and of its siblings: the ranks ``_program_between`` reads."""
+def _reached(run: Run, group: int, seq: int) -> set[int]:
+    """The ranks of a group and its siblings that issued call ``seq``: the only ones whose stretch
+    before it ``_program_between`` reads there (a sibling pair still short of it lends none)."""
     seqs = run.sequences[group]
-    return set(seqs.group.members).union(*(s.group.members for s in siblings_of(seqs, run.sequences)))
+    family = [group] + [s.group.code for s in siblings_of(seqs, run.sequences)]
+    return set(run.calls.rank[np.isin(run.calls.group, family) & (run.calls.seq == seq)].tolist())
 
 
 def _program_between(run: Run, group_desc: dict[int, str], group: int, seq: int) -> Counter:

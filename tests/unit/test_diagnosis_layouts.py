@@ -839,3 +839,26 @@ def test_a_stage_that_skipped_a_tensor_parallel_call_and_went_on_to_its_transfer
                 job.transfer(rank, pp[rank], what, state=state)
     root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks, root.group) == ("skipped_collective", [1], "tp0")
+
+
+def test_a_rank_that_skipped_an_eval_all_reduce_is_named_not_a_deadlock_with_its_pair():
+    """gloo (every entry stays scheduled): tensor-parallel pairs (0, 1), (2, 3), data-parallel
+    pairs (0, 2), (1, 3), and an all_reduce over the world every fifth step (an evaluation). Rank 1
+    skips step 9's and goes on to step 10's tp call. Its pair peer, rank 0, waits in the world
+    call: it too issued a call (that very one) its pair peer's stretch lacks, and the sibling pair
+    (2, 3), held in the world call, had no example to lend; rank 0's own earlier steps hold the
+    same call after a tp call. It was a deadlock of ranks 0 and 1 (a live probe's real run)."""
+    job = Groups({"tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3], "world": [0, 1, 2, 3]},
+                 desc={"tp0": "tp", "tp1": "tp", "dp0": "dp", "dp1": "dp", "world": "default_pg"})
+    for step in range(11):
+        for rank in range(4):
+            if step == 10 and rank != 1:
+                continue  # the others never get past step 9's world call
+            job.call(rank, ("tp0", "tp1")[rank // 2], state="scheduled")
+            if step == 10:
+                continue  # rank 1 waits in step 10's tp call
+            job.call(rank, ("dp0", "dp1")[rank % 2], state="scheduled")
+            if step % 5 == 4 and not (rank == 1 and step == 9):
+                job.call(rank, "world", state="scheduled")
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group) == ("skipped_collective", [1], "world")
