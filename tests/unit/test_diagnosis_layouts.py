@@ -862,3 +862,23 @@ def test_a_rank_that_skipped_an_eval_all_reduce_is_named_not_a_deadlock_with_its
                 job.call(rank, "world", state="scheduled")
     root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks, root.group) == ("skipped_collective", [1], "world")
+
+
+def test_the_peer_behind_a_swap_is_not_named_when_its_step_legitimately_grew():
+    """Groups A (0, 1, 2) and B (0, 1, 3); each step issues A's calls, then B's, then the world's,
+    and the hosts run a step ahead. Step 2 issues two A calls where earlier steps issued one (it
+    may), and rank 1 issues that step's B call before its A calls. Rank 0, in order, waits in A
+    #3: by its own past it issued B #3 late, after more A calls than ever, but only because the
+    step grew; it was named as the rank that skipped B #3."""
+    job = Groups({"A": [0, 1, 2], "B": [0, 1, 3], "world": [0, 1, 2, 3]},
+                 desc={"A": "A", "B": "B", "world": "default_pg"})
+    for step in range(4):  # steps 0 and 1 completed; step 2 in flight; step 3 enqueued
+        for rank in range(4):
+            calls = ["A"] * (2 if step == 2 else 1) * (rank in (0, 1, 2)) + ["B"] * (rank in (0, 1, 3)) + ["world"]
+            if step == 2 and rank == 1:
+                calls = ["B", "A", "A", "world"]
+            for index, group in enumerate(calls):
+                state = "completed" if step < 2 else "started" if step == 2 and index == 0 else "scheduled"
+                job.call(rank, group, state=state)
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks) == ("order_mismatch", [1])
