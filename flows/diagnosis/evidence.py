@@ -67,8 +67,9 @@ def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences]
             votes[best] += 2
             d.evidence.append(f"{count} sibling {seqs.group.desc or ''} groups issued {_short(describe(best))} "
                               f"at #{d.seq}")
-    kept = {value for rank, value in d.values.items() if (own or {}).get(rank) == value}
-    changed = sorted(rank for rank, value in d.values.items() if (own or {}).get(rank, value) != value)
+    own = own or {}
+    kept = {value for rank, value in d.values.items() if own.get(rank) == value}
+    changed = sorted(rank for rank, value in d.values.items() if own.get(rank, value) != value)
     if len(kept) == 1 and changed:
         (value,) = kept
         votes[value] += 2

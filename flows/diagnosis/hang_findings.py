@@ -292,7 +292,7 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
     The answer depends on the call and the target, not on the waiter: it is worked out once for
     every rank waiting there (a whole job can wait for one rank)."""
     group_desc = {code: group.desc or group.name for code, group in run.groups.items()}
-    references: dict[tuple[int, int], Counter] = {}
+    references: dict[tuple[int, int], tuple[Counter, set[int]]] = {}  # the program there, and who lent it
     verdicts: dict[tuple, bool] = {}
     reach = _Reach(graph)
     mates: dict[int, set[int]] = {}  # rank -> the ranks it waits with in a cycle
@@ -318,9 +318,9 @@ def _gone_past(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[
             key = (*where, edge.target)
             if key not in verdicts:
                 if where not in references:
-                    references[where] = _program_between(run, group_desc, *where)
-                examples = _reached(run, *where)
-                verdicts[key] = gone_past(edge, run.calls, group_desc, reference=references[where],
+                    references[where] = _program_between(run, group_desc, *where), _reached(run, *where)
+                reference, examples = references[where]
+                verdicts[key] = gone_past(edge, run.calls, group_desc, reference=reference,
                                           own_program=examples - {edge.target} <= mates.get(edge.target, set())) \
                     or _passed(run, edge) or gone_past_first_call(
                         edge, run.calls, group_desc,
@@ -345,10 +345,10 @@ def _late(run: Run, graph: WaitGraph, settled: set[int]) -> dict[int, list[Edge]
             key = (edge.waiter.group, edge.waiter.seq, edge.target)
             if key not in verdicts:
                 same = places[key] = _same_place(run, *key)
+                # a minority's example needs the rank's own too
                 verdicts[key] = same is not None and (
                     late_for(edge, run.calls, run.roles, reference=same[0], played=same[1]) if same[2]
-                    else _late_in_own_program(run, edge, places)) or _passed(run, edge)  # a minority's example
-                # needs the rank's own too
+                    else _late_in_own_program(run, edge, places)) or _passed(run, edge)
             if verdicts[key] and reach.free_or_circular(edge):
                 found.setdefault(edge.target, []).append(edge)
     for cycle in graph.cycles():

@@ -133,9 +133,9 @@ def _beyond_the_peers_ring(entries: Entries, left: list[Transfer],
     if not left:
         return set()
     peers = np.unique([t.peer for t in left])
-    wrapped = {rank for rank in peers.tolist() if (entries.rank == rank).any()
-               and int(entries.record[entries.rank == rank].min()) > 0}
-    ran = np.flatnonzero(np.isin(entries.rank, peers) & entries.is_p2p & (entries.state >= 1))
+    held = np.isin(entries.rank, peers)  # a ring that still holds record 0 never wrapped
+    wrapped = set(entries.rank[held].tolist()) - set(entries.rank[held & (entries.record == 0)].tolist())
+    ran = np.flatnonzero(held & entries.is_p2p & (entries.state >= 1))
     anchored = set(zip(entries.group[ran].tolist(), entries.rank[ran].tolist(), entries.peer[ran].tolist()))
     closes = np.flatnonzero(entries.is_p2p & (entries.state >= 1) & (entries.peer < 0))
     started_batches = set(zip(entries.rank[closes].tolist(), entries.group[closes].tolist(),
