@@ -22,7 +22,7 @@ _PEERS = 16
 
 def _gaps(calls: Calls, rank: int, group: int, counted: np.ndarray) -> dict[int, int]:
     """seq -> how many calls of the ``counted`` groups the rank made between its previous call of
-    ``group`` and this one."""
+    ``group`` and this one (only where the record holds that previous call)."""
     rows = np.flatnonzero(calls.rank == rank)
     rows = rows[np.argsort(calls.record[rows])]
     groups = calls.group[rows]
@@ -30,8 +30,11 @@ def _gaps(calls: Calls, rank: int, group: int, counted: np.ndarray) -> dict[int,
     rows, groups = rows[kept], groups[kept]
     positions = np.flatnonzero(groups == group)
     seqs = calls.seq[rows][positions]
+    # a rank numbers every call it issues: a number missing from its record is entries its ring
+    # overwrote before they were read, and what it did there is unknown, not a gap of zero calls
     return {int(seq): int(position - previous - 1)
-            for seq, position, previous in zip(seqs[1:], positions[1:], positions[:-1])}
+            for seq, last, position, previous in zip(seqs[1:], seqs[:-1], positions[1:], positions[:-1])
+            if seq == last + 1}
 
 
 def _roles_of(calls: Calls, rank: int, roles: dict[int, str]) -> dict[int, str]:

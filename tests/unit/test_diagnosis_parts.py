@@ -165,6 +165,27 @@ def test_a_shifted_stretch_is_found_where_it_began():
     assert shift_origin(calls, 2, dp, peers=[0], before=20, roles=roles) is None
 
 
+def test_entries_a_ring_overwrote_before_they_were_read_are_no_shifted_stretch():
+    """A wrapped ring read too late loses a stretch of entries: the calls on either side of the
+    hole are not consecutive, and what the rank did between them is unknown (live probe: a hole
+    of eight steps was read as a skip at its far edge, which named call #19 instead of #36)."""
+    vocabulary = Vocabulary()
+    def program(rank, lost):
+        rows, record = [], 0
+        for step in range(12):
+            for group, op in ((("1", "tp"), "all_gather"), (("2", "dp"), "all_reduce")):
+                if not (lost[0] <= record < lost[1]):
+                    rows.append(entry(record, group, step + 1, op))
+                record += 1
+        return from_dump_entries(rows, rank, {}, vocabulary=vocabulary)
+    # rank 1's hole ends between a step's two calls; rank 0's ends at a step's first
+    entries = concatenate([program(0, (4, 10)), program(1, (6, 13))], vocabulary)
+    calls = collective_calls(entries)
+    dp = vocabulary.groups.index(("2", "dp"))
+    roles = {code: desc for code, (_, desc) in enumerate(vocabulary.groups)}
+    assert shift_origin(calls, 1, dp, peers=[0], before=20, roles=roles) is None
+
+
 def test_a_group_nobody_listed_gets_the_member_that_left_no_dump():
     vocabulary, parts = Vocabulary(), []
     for rank in (0, 1, 2, 4):  # rank 3 left no dump; its pair (2, 3) logged only rank 2
