@@ -314,7 +314,7 @@ class _Watch:
             self.say(f"rankstream: nothing was captured for {self.run_id} (no process created a process group)")
             return
         analyze_everything(self.config.db_path, self.run_id, collectives=False)
-        report, _ = diagnose_run(self.config.db_path, self.run_id)
+        report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True)
         self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
         data = gather_report(self.config.db_path, self.run_id)
         for row in data["steps"]:

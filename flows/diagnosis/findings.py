@@ -26,7 +26,8 @@ KINDS = (
     "size_mismatch",        # same collective, different tensor sizes
     "dtype_mismatch",       # same collective, different dtypes
     "missing_dump",         # a rank left no Flight Recorder dump, and its peers wait for it
-    "dead_rank",            # live: a rank's heartbeats stopped while its peers' go on
+    "dead_rank",            # a rank died: live, its heartbeats stopped while its peers' go on; after
+                            # the run, it ended without a word while its peers said how they ended
     "p2p_unmatched",        # a send without its receive (or the reverse) between two ranks
     "state_mismatch",       # ranks disagree on whether #N completed
     "straggler",            # a rank arrives last at its collectives, beyond the run's noise
@@ -136,7 +137,9 @@ _WHAT = {
     "size_mismatch": lambda f: f"used other tensor sizes in {_numbered(f, f.expected)}",
     "dtype_mismatch": lambda f: f"used another dtype in {_numbered(f, f.expected)}",
     "missing_dump": lambda f: f"left no dump; its peers wait in {_numbered(f, f.expected)}",
-    "dead_rank": lambda f: "stopped sending heartbeats",
+    "dead_rank": lambda f: (f"ended {f.actual['ended']}" if isinstance(f.actual, dict) and f.actual.get("ended")
+                            else "stopped sending heartbeats")
+                           + (f"; its peers wait in {_numbered(f, f.expected)}" if f.expected else ""),
     "p2p_unmatched": lambda f: f"never posted its side of {_op(f.expected)} (p2p #{f.seq})",
     "state_mismatch": lambda f: f"went on without completing {_numbered(f, f.expected)}, which its peers completed",
     "straggler": lambda f: "arrives last at its collectives",
@@ -151,10 +154,13 @@ def blocks(finding: Finding) -> bool:
 
 
 def verdict_of(findings: list[Finding]) -> str:
-    """healthy, hang (ranks are blocked), desync (ranks disagree but none is blocked) or straggler."""
+    """healthy, crash (a rank died), hang (ranks are blocked), desync (ranks disagree but none is
+    blocked) or straggler."""
     if not findings:
         return "healthy"
     root = findings[0]
     if root.kind == "straggler":
         return "straggler"
+    if root.kind == "dead_rank":
+        return "crash"
     return "hang" if blocks(root) else "desync"

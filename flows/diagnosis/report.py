@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose
-from rankstream.flows.diagnosis.findings import Finding
+from rankstream.flows.diagnosis.exits import Endings, rank_endings
+from rankstream.flows.diagnosis.findings import Finding, ranks_text
 from rankstream.flows.diagnosis.loader import load_directory, stack_at
 from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
@@ -73,28 +74,53 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
 
 def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, dead: set[int] = frozenset(),
                     clock_error_ns: int = 0, live: bool = False, tail: int | None = None,
-                    progress: RingProgress | None = None) -> Report:
+                    progress: RingProgress | None = None, job_over: bool = False) -> Report:
     """A run in the database (live or imported). ``dead``: ranks known to have died (live: their
-    heartbeats stopped), which are then named as such rather than as missing dumps. ``live``: the
-    run is still going; ``tail``: judge only each rank's last records; ``progress``: the run's
-    ``ring_progress`` when the caller already read it (see ``stored.load_stored``)."""
+    heartbeats stopped; otherwise the ranks that ended without a word while their peers said how
+    they ended, see ``exits``), which are then named as such rather than as missing dumps or
+    skipped calls. ``live``: the run is still going; ``tail``: judge only each rank's last
+    records; ``progress``: the run's ``ring_progress`` when the caller already read it (see
+    ``stored.load_stored``); ``job_over``: the job's processes are known to be gone (``run`` after
+    its job), so no silent rank is still running, however recently it was heard from."""
     started = time.perf_counter()
+    endings = None if live else rank_endings(database, run_id, now_ns=time.time_ns(), job_over=job_over)
+    dead = endings.dead if endings and not dead else dead
     stored = load_stored(database, run_id, live=live, dead=dead, tail=tail, progress=progress)
     if not len(stored.entries):
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()
-    dumped = [rank for rank in stored.dumped if rank not in dead]
+    # live, a dead rank's entries stop at its last snapshot, read as no dump; after the run they
+    # are all there is, and show how far it got
+    dumped = [rank for rank in stored.dumped if rank not in dead or not live]
     clock_error_ns = max(clock_error_ns, stored.clock_error_ns)
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns)
-    for finding in result.findings:
-        if finding.kind in ("missing_dump", "skipped_collective") and set(finding.culprit_ranks) <= set(dead):
-            finding.kind = "dead_rank"
-            finding.evidence.insert(0, f"rank(s) {finding.culprit_ranks} stopped sending heartbeats")
+    _name_the_dead(result, dead, endings)
     _cap(result, mismatch_cap)
     for finding in result.findings:
         if finding.culprit_ranks and finding.group is not None:
             finding.stack = _stored_stack(database, run_id, finding)
     return Report(run_id, result, {"read": read - started, "diagnose": time.perf_counter() - read})
+
+
+def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -> None:
+    """A rank waited for that died is named as dead, not as having skipped the call. After the run
+    (``endings`` known) the death is the root cause: its peers' waits follow from it, and a tie with
+    a peer whose last entry was lost in the teardown is no tie; a death no finding names still leads."""
+    named = False
+    for finding in result.findings:
+        if finding.kind in ("missing_dump", "skipped_collective") and finding.culprit_ranks \
+                and set(finding.culprit_ranks) <= set(dead):
+            finding.kind, named = "dead_rank", True
+            finding.actual = {"ended": endings.described(finding.culprit_ranks[0]) if endings else None}
+            finding.evidence[:0] = endings.evidence if endings else [
+                f"{ranks_text(finding.culprit_ranks)} stopped sending heartbeats"]
+    if endings is None or not endings.dead:
+        return
+    if not named:
+        result.findings.insert(0, Finding(kind="dead_rank", culprit_ranks=sorted(endings.dead),
+                                          actual={"ended": endings.described(min(endings.dead))},
+                                          evidence=list(endings.evidence)))
+    result.findings.sort(key=lambda finding: finding.kind != "dead_rank")
 
 
 def _stored_stack(database, run_id: str, finding: Finding) -> list[dict]:

@@ -1,0 +1,123 @@
+"""How each rank of a run ended, and which ranks died first.
+
+A rank says how it ends: a clean close sends a final heartbeat, and a signal or an uncaught
+exception leaves a ``process_exit`` event with its reason. A rank ended outright (SIGKILL, an
+abort or a crash in native code, ``os._exit``) says nothing. When its peers said how they ended, a
+silent rank is the one that died: launchers tear the others down because a worker failed
+(torchrun sends them SIGTERM), and a peer blocked with it fails on its closed connection and says
+so. Without that contrast (every rank silent: the whole job was killed at once) nobody is named.
+
+When no rank is silent, a rank whose uncaught exception came first is the one that failed: its
+peers' errors ("Connection closed by peer") follow it by at least its own flush.
+
+The Flight Recorder alone cannot tell a crashed rank from one that skipped a call: both leave
+their peers waiting in a call they never issued. Before this, a rank that exited at its first
+call was reported as a hang, and a tie of two silent-looking ranks could name the victim.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from rankstream.flows.diagnosis.findings import ranks_text
+
+__all__ = ["RankEnd", "Endings", "rank_endings", "SILENT"]
+
+#: How a rank that left no word of its end is described.
+SILENT = "without a word (killed, aborted in native code or exited at once)"
+
+#: How long after its last heartbeat a rank that said nothing is taken to be gone (heartbeats come
+#: about once a second).
+QUIET_S = 5.0
+
+#: Each rank's clean goodbye, its first exit record and its last heartbeat.
+ENDINGS_SQL = """
+WITH ranks AS (
+    SELECT DISTINCT rank FROM rank_metadata WHERE run_id = $run
+), beats AS (
+    SELECT rank, bool_or(final) AS goodbye, max(sent_ns) AS last_ns FROM heartbeats WHERE run_id = $run GROUP BY rank
+), exits AS (
+    SELECT rank, arg_min(args, ts_ns) AS args, min(ts_ns) AS exit_ns FROM trace_events
+    WHERE run_id = $run AND cat = 'rankstream' AND name = 'process_exit' GROUP BY rank
+)
+SELECT rank, coalesce(goodbye, false), last_ns, args::VARCHAR, exit_ns
+FROM ranks LEFT JOIN beats USING (rank) LEFT JOIN exits USING (rank) ORDER BY rank
+"""
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    rank: int
+    #: "goodbye", "signal", "exception", "silent", or "running" (heard from a moment ago).
+    how: str
+    #: The exit record's reason ("signal SIGTERM", "uncaught ValueError: ..."); None otherwise.
+    reason: str | None
+    #: When it ended: its exit record, else its last heartbeat (ns, on the rank's own clock: the
+    #: ranks of one node share it; across nodes the first failure leads by its own flush).
+    at_ns: int | None
+
+
+@dataclass(frozen=True)
+class Endings:
+    ends: list[RankEnd]
+    #: The ranks that died first, and one line each saying how every rank ended.
+    dead: frozenset[int]
+    evidence: list[str]
+
+    def described(self, rank: int) -> str:
+        """How ``rank`` ended, as words after "ended"."""
+        end = next((end for end in self.ends if end.rank == rank), None)
+        if end is None or end.how == "silent":
+            return SILENT
+        return f"on {end.reason}" if end.reason else "cleanly"
+
+
+def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False) -> Endings:
+    """How each rank of ``run_id`` ended, judged at ``now_ns``. A rank heard from within ``QUIET_S``
+    may still be running and is not called silent, unless ``job_over``: its processes are known
+    to be gone."""
+    quiet_since_ns = now_ns if job_over else now_ns - int(QUIET_S * 1e9)
+    ends = [_end(rank, bool(goodbye), last_ns, args, exit_ns, quiet_since_ns)
+            for rank, goodbye, last_ns, args, exit_ns in database.fetchall(ENDINGS_SQL, {"run": run_id})]
+    return Endings(ends, *_who_died(ends))
+
+
+def _end(rank: int, goodbye: bool, last_ns: int | None, args: str | None, exit_ns: int | None,
+         quiet_since_ns: int) -> RankEnd:
+    if goodbye:
+        return RankEnd(rank, "goodbye", None, last_ns)
+    if exit_ns is not None:
+        reason = _reason(args)
+        return RankEnd(rank, "exception" if reason.startswith("uncaught") else "signal", reason, exit_ns)
+    if last_ns is not None and last_ns > quiet_since_ns:
+        return RankEnd(rank, "running", None, last_ns)
+    return RankEnd(rank, "silent", None, last_ns)
+
+
+def _reason(args: str | None) -> str:
+    try:
+        reason = json.loads(args or "{}").get("reason")
+    except (ValueError, AttributeError):  # a malformed record still says the rank ended
+        reason = None
+    return str(reason) if reason else "an unknown cause"
+
+
+def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:
+    spoke = [end for end in ends if end.how in ("goodbye", "signal", "exception")]
+    silent = [end.rank for end in ends if end.how == "silent"]
+    if not spoke or any(end.how == "running" for end in ends):
+        return frozenset(), []
+    if silent:
+        others = sorted({end.reason or "a clean close" for end in spoke})
+        return frozenset(silent), [f"{ranks_text(silent)} ended {SILENT}, while {ranks_text([e.rank for e in spoke])} "
+                                   f"said how they ended ({'; '.join(o[:120] for o in others)})"]
+    failed = sorted((end for end in spoke if end.how == "exception"), key=lambda end: end.at_ns or 0)
+    if not failed:
+        return frozenset(), []
+    first = failed[0]
+    return frozenset({first.rank}), [f"rank {first.rank} ended first on {first.reason[:300]}"
+                                     + (f"; then {ranks_text([e.rank for e in failed[1:]])} failed too" if failed[1:]
+                                        else "")]
+
+

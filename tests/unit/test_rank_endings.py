@@ -1,0 +1,115 @@
+"""A rank that died is named from how its peers said they ended (the stored run after the job).
+
+The Flight Recorder alone shows a rank that died before a call as a rank that skipped it; its
+peers' exit records (a signal from the launcher's teardown, an error on the dead rank's closed
+connection) are what tell them apart (live probe: a rank that exited at its first call was
+reported as a hang, and, when its peer's last entry was lost in the teardown, the peer was named).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import duckdb
+import pytest
+
+from rankstream.consumers.query import Database
+from rankstream.consumers.store import apply_schema
+from rankstream.flows.diagnosis.report import diagnose_stored
+from tests.diagnosis.storing import store_dumps
+
+WORLD = ("0", "default_pg")
+PAIR = ("1", "tp")
+OTHER_PAIR = ("2", "tp")
+GONE = time.time_ns() - 60 * 10**9  # long enough ago that nobody is still running
+
+
+def _entry(record: int, group: tuple[str, str], seq: int) -> dict:
+    return {"record_id": record, "process_group": group, "collective_seq_id": seq, "p2p_seq_id": 0,
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[8]], "output_sizes": [[8]],
+            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled",
+            "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
+
+
+def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None]):
+    """A run of ``calls`` (rank -> its (group, seq) calls, in order) whose ranks ended as ``ends``
+    says: rank -> ("goodbye", at), ("heartbeat", at), (exit reason, at) or None for a rank that
+    said nothing."""
+    con = duckdb.connect()
+    apply_schema(con)
+    pg_config = {WORLD[0]: {"name": WORLD[0], "desc": WORLD[1], "ranks": sorted(calls)},
+                 PAIR[0]: {"name": PAIR[0], "desc": PAIR[1], "ranks": [0, 1]},
+                 OTHER_PAIR[0]: {"name": OTHER_PAIR[0], "desc": OTHER_PAIR[1], "ranks": [2, 3]}}
+    store_dumps(con, {rank: {"entries": [_entry(i, group, seq) for i, (group, seq) in enumerate(rank_calls)],
+                             "pg_config": pg_config} for rank, rank_calls in calls.items()})
+    for rank, end in ends.items():
+        con.execute("INSERT INTO rank_metadata (run_id, rank, session_id, sent_ns) VALUES ('run', ?, 's', ?)",
+                    [rank, GONE - 10**11])
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) VALUES ('run', ?, 's', ?, ?)",
+                    [rank, GONE - 10**10, False])
+        if end is None:
+            continue
+        how, at = end
+        if how in ("goodbye", "heartbeat"):
+            con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
+                        "VALUES ('run', ?, 's', ?, ?)", [rank, at, how == "goodbye"])
+        else:
+            con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
+                        "VALUES ('run', ?, 'process_exit', 'rankstream', 'i', ?, ?)",
+                        [rank, at, json.dumps({"reason": how})])
+    return diagnose_stored(Database.over(con, "endings"), "run").diagnosis
+
+
+#: Each step is a pair call (pairs 0-1 and 2-3), then a world call. Rank 1 dies before its pair's
+#: first call: rank 0 waits in the pair, ranks 2 and 3 in the world's second call.
+STEP = [(WORLD, 1), (OTHER_PAIR, 1), (WORLD, 2)]
+AT_FIRST_CALL = {0: [(WORLD, 1), (PAIR, 1)], 1: [(WORLD, 1)], 2: STEP, 3: STEP}
+#: The same, with rank 0's entry of the pair lost in the teardown: ranks 0 and 1 look alike.
+PEER_ENTRY_LOST = {0: [(WORLD, 1)], 1: [(WORLD, 1)], 2: STEP, 3: STEP}
+TORN_DOWN = {0: ("uncaught RuntimeError: Connection closed by peer", GONE), 2: ("signal SIGTERM", GONE),
+             3: ("signal SIGTERM", GONE)}
+
+
+@pytest.mark.parametrize("calls", [AT_FIRST_CALL, PEER_ENTRY_LOST], ids=["at_first_call", "peer_entry_lost"])
+def test_a_rank_that_died_without_a_word_while_its_peers_were_torn_down_is_the_crash(calls):
+    result = _store(calls, {1: None, **TORN_DOWN})
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
+    assert "ended without a word" in result.root.headline()
+    assert "ranks 0, 2, 3 said how they ended" in result.root.evidence[0]
+
+
+def test_with_every_rank_silent_nobody_is_called_dead():
+    """The whole job killed at once: no contrast, so the dumps alone decide (and cannot tell a
+    crash from a skip)."""
+    result = _store(AT_FIRST_CALL, {0: None, 1: None, 2: None, 3: None})
+    assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [1])
+    assert result.verdict == "hang"
+
+
+def test_the_rank_whose_exception_came_first_is_the_crash_and_its_peers_errors_are_not():
+    ends = {1: ("uncaught ValueError: bad batch", GONE), 0: ("uncaught RuntimeError: Connection closed by peer",
+            GONE + 10**9), 2: ("signal SIGTERM", GONE), 3: ("signal SIGTERM", GONE)}
+    result = _store(AT_FIRST_CALL, ends)
+    assert (result.verdict, result.root.culprit_ranks) == ("crash", [1])
+    assert "ended on uncaught ValueError: bad batch" in result.root.headline()
+
+
+def test_a_rank_heard_from_a_moment_ago_may_still_be_running_and_nobody_is_called_dead():
+    result = _store(AT_FIRST_CALL, {1: ("heartbeat", time.time_ns() - 10**9), **TORN_DOWN})
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("hang", "skipped_collective", [1])
+
+
+def test_a_death_that_no_call_shows_is_still_the_root_cause():
+    """Every rank reached the same calls; rank 3 was killed between them and the others said
+    goodbye: nothing in the dumps points at it, its silence does."""
+    calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    result = _store(calls, {0: ("goodbye", GONE), 1: ("goodbye", GONE), 2: ("goodbye", GONE), 3: None})
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [3])
+
+
+def test_a_job_whose_ranks_all_ended_cleanly_or_on_a_signal_has_no_dead_rank():
+    calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    result = _store(calls, {0: ("goodbye", GONE), 1: ("signal SIGINT", GONE), 2: ("goodbye", GONE),
+                            3: ("signal SIGINT", GONE)})
+    assert result.verdict == "healthy"
