@@ -305,6 +305,29 @@ def test_with_no_majority_order_the_rank_that_changed_its_own_order_is_the_root(
     assert "its peer kept to its program" in root.evidence[0]
 
 
+@pytest.mark.parametrize("fault", ["skip", "swap"])
+def test_a_rank_whose_later_calls_all_stay_one_number_behind_skipped_one_and_did_not_swap(fault):
+    """Hosts that never wait for their devices enqueue every step (NCCL): each step a gradient
+    all_reduce in group 1, then a loss all_reduce in group 2. Rank 2 skips step 2's gradient
+    call: its loss call #2 comes before its gradient call #2, the reverse of its peers' order, as
+    a swap would, but every later pair stays reversed and it ends one gradient call short. A swap
+    of the two calls puts them back in order at the next step and ends even (probe 4: the skip was
+    reported as an order mismatch)."""
+    job = Groups({"1": [0, 1, 2, 3], "2": [0, 1, 2, 3]})
+    for rank in range(4):
+        if rank != 2:
+            program = ["1", "2"] * 5
+        elif fault == "skip":
+            program = ["1", "2", "2"] + ["1", "2"] * 3
+        else:
+            program = ["1", "2", "2", "1"] + ["1", "2"] * 3
+        for index, group in enumerate(program):
+            job.call(rank, group, state="completed" if index < 2 else "started" if index == 2 else "scheduled")
+    root = job.diagnosis().root
+    expected = ("skipped_collective", [2], "1", 2) if fault == "skip" else ("order_mismatch", [2], "1", 2)
+    assert (root.kind, root.culprit_ranks, root.group, root.seq) == expected, root.headline()
+
+
 def test_a_deadlock_with_no_majority_and_no_change_of_order_names_every_rank_of_the_cycle():
     """Each rank calls the two groups in the order it always did (a job that relied on both calls
     running at once): nothing tells who is at fault."""
