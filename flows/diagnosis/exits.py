@@ -8,7 +8,9 @@ silent rank is the one that died: launchers tear the others down because a worke
 so. Without that contrast (every rank silent: the whole job was killed at once) nobody is named.
 
 When no rank is silent, a rank whose uncaught exception came first is the one that failed: its
-peers' errors ("Connection closed by peer") follow it by at least its own flush.
+peers' errors ("Connection closed by peer") follow it by at least its own flush. When the first
+rank to end closed cleanly (it left the job early), the failures after it are its consequences:
+nobody is named dead, and the dumps say what it left its peers waiting in.
 
 The Flight Recorder alone cannot tell a crashed rank from one that skipped a call: both leave
 their peers waiting in a call they never issued. Before this, a rank that exited at its first
@@ -108,6 +110,8 @@ def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:
     silent = [end.rank for end in ends if end.how == "silent"]
     if not spoke or any(end.how == "running" for end in ends):
         return frozenset(), []
+    if _began_with_a_goodbye(ends):
+        return frozenset(), []  # a rank left cleanly first: what failed after it followed from it
     if silent:
         others = sorted({end.reason or "a clean close" for end in spoke})
         return frozenset(silent), [f"{ranks_text(silent)} ended {SILENT}, while {ranks_text([e.rank for e in spoke])} "
@@ -121,3 +125,10 @@ def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:
                                         else "")]
 
 
+def _began_with_a_goodbye(ends: list[RankEnd]) -> bool:
+    """Whether a clean close came before every other end. A silent rank died some time after its
+    last heartbeat: up to ``QUIET_S`` later it may still have been alive when the other closed."""
+    goodbyes = [end.at_ns for end in ends if end.how == "goodbye" and end.at_ns is not None]
+    others = [(end.at_ns or 0) + (int(QUIET_S * 1e9) if end.how == "silent" else 0)
+              for end in ends if end.how != "goodbye"]
+    return bool(goodbyes) and min(goodbyes) <= min(others, default=min(goodbyes))

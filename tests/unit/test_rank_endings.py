@@ -108,6 +108,17 @@ def test_a_death_that_no_call_shows_is_still_the_root_cause():
     assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [3])
 
 
+@pytest.mark.parametrize("then", ["uncaught RuntimeError: Connection closed by peer", None])
+def test_failures_after_a_rank_left_cleanly_are_its_consequences_not_a_crash(then):
+    """Rank 1 closed cleanly before its last calls; its peer failed on the closed connection (or
+    was aborted by gloo, silently, a heartbeat after): the clean exit came first, so the dumps
+    decide."""
+    ends = {1: ("goodbye", GONE), 0: (then or "heartbeat", GONE + 10**9), 2: ("signal SIGTERM", GONE + 10**9),
+            3: ("signal SIGTERM", GONE + 10**9)}
+    result = _store(AT_FIRST_CALL, ends)
+    assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [1]), result.root.headline()
+
+
 def test_a_job_whose_ranks_all_ended_cleanly_or_on_a_signal_has_no_dead_rank():
     calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
     result = _store(calls, {0: ("goodbye", GONE), 1: ("signal SIGINT", GONE), 2: ("goodbye", GONE),
