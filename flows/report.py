@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from rankstream.consumers.query import connect
 
@@ -138,16 +139,17 @@ def gather_report(db_path: Path, run_id: str) -> dict[str, list[dict]]:
     return report
 
 
-def _cell(value) -> str:
+def _cell(value) -> Text:
+    """A value as a table cell: text, never markup (kernel names and errors hold brackets)."""
     if value is None:
-        return ""
+        return Text("")
     if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+        return Text(f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}")
     if isinstance(value, list):
-        return ", ".join(map(str, value))
+        return Text(", ".join(map(str, value)))
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}" if abs(value) >= 10_000 else str(value)
-    return str(value)
+        return Text(f"{value:,}" if abs(value) >= 10_000 else str(value))
+    return Text(str(value))
 
 
 def _table(title: str, rows: list[dict]) -> Table:
@@ -160,16 +162,16 @@ def _table(title: str, rows: list[dict]) -> Table:
 def render_run_report(run_id: str, report: dict[str, list[dict]], console: Console) -> None:
     """The verdict first, then the sections in ``_TITLES``' order, at most ``WIDTH`` columns."""
     console.width = min(console.width, WIDTH)
-    console.print(f"[bold]run {run_id}[/]")
+    console.print(Text(f"run {run_id}", style="bold"))
     analyzed = {row["analysis"]: row["detail"] for row in report.get("analyses", [])}
     verdict = analyzed.get("collectives")
     findings = report.get("findings") or []
     if verdict is None:
         console.print("verdict: no collective diagnosis (no Flight Recorder data, or not analyzed)")
     else:
-        console.print(f"[bold]verdict: {verdict.upper()}[/]"
-                      + (f": root cause: {findings[0]['detail']}" if findings else ": no problem found"),
-                      markup=True, highlight=False)
+        console.print(Text.assemble((f"verdict: {verdict.upper()}", "bold"),
+                                    f": root cause: {findings[0]['detail']}" if findings else ": no problem found"),
+                      highlight=False)
     if report.get("processes"):
         ranks = ", ".join(str(row["rank"]) for row in report["processes"])
         console.print(f"[yellow]warning[/]: rank(s) {ranks} were sent by more than one process: two launches under "

@@ -135,16 +135,18 @@ class FlightRecorderTap:
         while not self._stop.wait(self._interval):
             self.snapshot()
 
-    def snapshot(self, final: bool = False) -> int:
-        """One tick (see the module docstring); returns entries published. Never raises."""
+    def snapshot(self, final: bool = False, *, full: bool = False) -> int:
+        """One tick (see the module docstring); returns entries published. Never raises. ``full``:
+        read the whole ring whatever the schedule says (a process about to die: the calls its
+        peers will wait in were enqueued since the last full read)."""
         with self._lock:
             try:
-                return self._tick(final)
+                return self._tick(final, full)
             except Exception as exc:  # never raise into training: the tap's last_error says why
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return 0
 
-    def _tick(self, final: bool) -> int:
+    def _tick(self, final: bool, full: bool = False) -> int:
         if self._dumps is None:
             self._dumps = FlightRecorderDumps.from_torch()
         self.snapshots += 1
@@ -156,7 +158,7 @@ class FlightRecorderTap:
         stuck = _pending(status) & _pending(previous) if status == previous else set()
         self._idle_ticks = self._idle_ticks + 1 if status and status == previous else 0
         published = 0
-        if final or self._full_dump_due(stuck):
+        if final or full or self._full_dump_due(stuck):
             started = time.thread_time()
             published = self._publish(parse_dump(self._dumps.entries(), "the Flight Recorder's ring", entries=False))
             self._full_cost_s = time.thread_time() - started

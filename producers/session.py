@@ -231,7 +231,7 @@ class RankSession:
             self.producer.emit("process_exit", "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=self.pid, tid=0,
                                step=self.step, flow_id=None, correlation_id=None, args={"reason": reason})
             if self.tap:
-                self.tap.snapshot()
+                self.tap.snapshot(full=True)
             self.producer.flush(timeout_s=3.0)
         except Exception:  # the process is already dying: what was buffered is all that can be saved
             return

@@ -10,7 +10,12 @@ so. Without that contrast (every rank silent: the whole job was killed at once) 
 When no rank is silent, a rank whose uncaught exception came first is the one that failed: its
 peers' errors ("Connection closed by peer") follow it by at least its own flush. When the first
 rank to end closed cleanly (it left the job early), the failures after it are its consequences:
-nobody is named dead, and the dumps say what it left its peers waiting in.
+nobody is named dead, and the dumps say what it left its peers waiting in. When the first end was
+a signal and nobody is silent (a user's ``kill`` of one rank, a scheduler's), the errors of its
+peers follow from it too, and the dumps decide. An exception or a signal leaves an exit record,
+and atexit then still closes the producer: the record, not the goodbye, says how the rank ended.
+A rank of the job never heard from (it died before its capture started) counts as silent when
+the others did not all close cleanly.
 
 The Flight Recorder alone cannot tell a crashed rank from one that skipped a call: both leave
 their peers waiting in a call they never issued. Before this, a rank that exited at its first
@@ -33,17 +38,23 @@ SILENT = "without a word (killed, aborted in native code or exited at once)"
 #: about once a second).
 QUIET_S = 5.0
 
-#: Each rank's clean goodbye, its first exit record and its last heartbeat.
+#: Each rank of the job (its world size, whether or not it was ever heard from): its clean
+#: goodbye, its first exit record and its last heartbeat.
 ENDINGS_SQL = """
-WITH ranks AS (
-    SELECT DISTINCT rank FROM rank_metadata WHERE run_id = $run
+WITH heard AS (
+    SELECT DISTINCT rank, true AS heard FROM rank_metadata WHERE run_id = $run
+), ranks AS (
+    SELECT rank, coalesce(heard, false) AS heard FROM (
+        SELECT unnest(range(coalesce(max(world_size), 0))) AS rank FROM rank_metadata WHERE run_id = $run
+        UNION SELECT rank FROM heard
+    ) LEFT JOIN heard USING (rank)
 ), beats AS (
     SELECT rank, bool_or(final) AS goodbye, max(sent_ns) AS last_ns FROM heartbeats WHERE run_id = $run GROUP BY rank
 ), exits AS (
     SELECT rank, arg_min(args, ts_ns) AS args, min(ts_ns) AS exit_ns FROM trace_events
     WHERE run_id = $run AND cat = 'rankstream' AND name = 'process_exit' GROUP BY rank
 )
-SELECT rank, coalesce(goodbye, false), last_ns, args::VARCHAR, exit_ns
+SELECT rank, heard, coalesce(goodbye, false), last_ns, args::VARCHAR, exit_ns
 FROM ranks LEFT JOIN beats USING (rank) LEFT JOIN exits USING (rank) ORDER BY rank
 """
 
@@ -51,7 +62,8 @@ FROM ranks LEFT JOIN beats USING (rank) LEFT JOIN exits USING (rank) ORDER BY ra
 @dataclass(frozen=True)
 class RankEnd:
     rank: int
-    #: "goodbye", "signal", "exception", "silent", or "running" (heard from a moment ago).
+    #: "goodbye", "signal", "exception", "silent", "running" (heard from a moment ago) or "unheard"
+    #: (a rank of the job never heard from: it died, or its capture never started).
     how: str
     #: The exit record's reason ("signal SIGTERM", "uncaught ValueError: ..."); None otherwise.
     reason: str | None
@@ -70,7 +82,7 @@ class Endings:
     def described(self, rank: int) -> str:
         """How ``rank`` ended, as words after "ended"."""
         end = next((end for end in self.ends if end.rank == rank), None)
-        if end is None or end.how == "silent":
+        if end is None or end.how in ("silent", "unheard"):
             return SILENT
         return f"on {end.reason}" if end.reason else "cleanly"
 
@@ -80,18 +92,20 @@ def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False) 
     may still be running and is not called silent, unless ``job_over``: its processes are known
     to be gone."""
     quiet_since_ns = now_ns if job_over else now_ns - int(QUIET_S * 1e9)
-    ends = [_end(rank, bool(goodbye), last_ns, args, exit_ns, quiet_since_ns)
-            for rank, goodbye, last_ns, args, exit_ns in database.fetchall(ENDINGS_SQL, {"run": run_id})]
+    ends = [_end(rank, heard, bool(goodbye), last_ns, args, exit_ns, quiet_since_ns)
+            for rank, heard, goodbye, last_ns, args, exit_ns in database.fetchall(ENDINGS_SQL, {"run": run_id})]
     return Endings(ends, *_who_died(ends))
 
 
-def _end(rank: int, goodbye: bool, last_ns: int | None, args: str | None, exit_ns: int | None,
+def _end(rank: int, heard: bool, goodbye: bool, last_ns: int | None, args: str | None, exit_ns: int | None,
          quiet_since_ns: int) -> RankEnd:
-    if goodbye:
-        return RankEnd(rank, "goodbye", None, last_ns)
-    if exit_ns is not None:
+    if exit_ns is not None:  # before the goodbye: after an exception or a signal, atexit still closes
         reason = _reason(args)
         return RankEnd(rank, "exception" if reason.startswith("uncaught") else "signal", reason, exit_ns)
+    if goodbye:
+        return RankEnd(rank, "goodbye", None, last_ns)
+    if not heard:
+        return RankEnd(rank, "unheard", None, None)
     if last_ns is not None and last_ns > quiet_since_ns:
         return RankEnd(rank, "running", None, last_ns)
     return RankEnd(rank, "silent", None, last_ns)
@@ -107,11 +121,16 @@ def _reason(args: str | None) -> str:
 
 def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:
     spoke = [end for end in ends if end.how in ("goodbye", "signal", "exception")]
-    silent = [end.rank for end in ends if end.how == "silent"]
+    failing = any(end.how in ("signal", "exception") for end in spoke)
+    # a rank never heard from counts only when the others did not all close cleanly: its capture
+    # may simply not have started (a node without rankstream) in a job that went well
+    silent = [end.rank for end in ends if end.how == "silent" or (end.how == "unheard" and failing)]
     if not spoke or any(end.how == "running" for end in ends):
         return frozenset(), []
     if _began_with_a_goodbye(ends):
         return frozenset(), []  # a rank left cleanly first: what failed after it followed from it
+    if not silent and min(spoke, key=lambda end: end.at_ns or 0).how == "signal":
+        return frozenset(), []  # a signal came first (a user's kill, a scheduler): the dumps decide
     if silent:
         others = sorted({end.reason or "a clean close" for end in spoke})
         return frozenset(silent), [f"{ranks_text(silent)} ended {SILENT}, while {ranks_text([e.rank for e in spoke])} "
@@ -130,5 +149,5 @@ def _began_with_a_goodbye(ends: list[RankEnd]) -> bool:
     last heartbeat: up to ``QUIET_S`` later it may still have been alive when the other closed."""
     goodbyes = [end.at_ns for end in ends if end.how == "goodbye" and end.at_ns is not None]
     others = [(end.at_ns or 0) + (int(QUIET_S * 1e9) if end.how == "silent" else 0)
-              for end in ends if end.how != "goodbye"]
+              for end in ends if end.how not in ("goodbye", "unheard")]
     return bool(goodbyes) and min(goodbyes) <= min(others, default=min(goodbyes))

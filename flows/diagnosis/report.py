@@ -87,6 +87,10 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     dead = endings.dead if endings and not dead else dead
     stored = load_stored(database, run_id, live=live, dead=dead, tail=tail, progress=progress)
     if not len(stored.entries):
+        if endings and endings.dead:  # it died before any entry of the job reached the bus
+            result = Diagnosis([], [], len(endings.ends), sorted(endings.dead))
+            _name_the_dead(result, dead, endings)
+            return Report(run_id, result, {"read": time.perf_counter() - started, "diagnose": 0.0})
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()
     # live, a dead rank's entries stop at its last snapshot, read as no dump; after the run they
@@ -105,21 +109,23 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
 def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -> None:
     """A rank waited for that died is named as dead, not as having skipped the call. After the run
     (``endings`` known) the death is the root cause: its peers' waits follow from it, and a tie with
-    a peer whose last entry was lost in the teardown is no tie; a death no finding names still leads."""
-    named = False
+    a peer whose last entry was lost in the teardown is no tie. Deaths the findings do not all
+    name (several ranks died at once; one died before any call showed it) lead as one finding."""
     for finding in result.findings:
         if finding.kind in ("missing_dump", "skipped_collective") and finding.culprit_ranks \
                 and set(finding.culprit_ranks) <= set(dead):
-            finding.kind, named = "dead_rank", True
+            finding.kind = "dead_rank"
             finding.actual = {"ended": endings.described(finding.culprit_ranks[0]) if endings else None}
             finding.evidence[:0] = endings.evidence if endings else [
                 f"{ranks_text(finding.culprit_ranks)} stopped sending heartbeats"]
     if endings is None or not endings.dead:
         return
-    if not named:
+    named = [finding for finding in result.findings if finding.kind == "dead_rank"]
+    if {rank for finding in named for rank in finding.culprit_ranks} != endings.dead:
+        waiting = {rank for finding in named for rank in finding.waiting_ranks} - endings.dead
         result.findings.insert(0, Finding(kind="dead_rank", culprit_ranks=sorted(endings.dead),
                                           actual={"ended": endings.described(min(endings.dead))},
-                                          evidence=list(endings.evidence)))
+                                          waiting_ranks=sorted(waiting), evidence=list(endings.evidence)))
     result.findings.sort(key=lambda finding: finding.kind != "dead_rank")
 
 

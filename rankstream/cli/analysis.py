@@ -188,6 +188,7 @@ _SHOWN_ROWS = 40
 
 def _print_rows(title: str, rows: list[dict]) -> None:
     from rich.table import Table  # rich comes with typer
+    from rich.text import Text
 
     if len(rows) > _SHOWN_ROWS:
         title = f"{title} (first {_SHOWN_ROWS} of {len(rows):,} rows; --json for all)"
@@ -196,5 +197,5 @@ def _print_rows(title: str, rows: list[dict]) -> None:
     for column in rows[0] if rows else ["(no rows)"]:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+        table.add_row(*(Text(f"{v:.2f}" if isinstance(v, float) else str(v)) for v in row.values()))  # never markup
     console.print(table)

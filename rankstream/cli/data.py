@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from rankstream.cli.app import app, config, console, import_app, server_module
 
@@ -54,7 +55,7 @@ def print_table(table, output: str) -> None:
     else:
         view = Table(*table.column_names, show_lines=False)
         for row in rows:
-            view.add_row(*["" if v is None else str(v) for v in row.values()])
+            view.add_row(*[Text("" if v is None else str(v)) for v in row.values()])  # values, never markup
         console.print(view)
         console.print(f"{table.num_rows} row(s)", style="dim")
 

@@ -118,16 +118,18 @@ def _processes_with(tag: str, *, also: str = "") -> list[int]:
     return found
 
 
-def test_a_rank_that_dies_is_named_as_the_crash_not_as_a_skip(make_config):
-    """Rank 1 exits at once before the loss all_reduce of step 5 (no exit handler runs); torchrun
-    tears its peer down. Its peer said how it ended, rank 1 said nothing: it is the crash (it was
-    reported as having skipped the all_reduce, a hang)."""
+@pytest.mark.parametrize("death, ended", [("exit", "without a word"),
+                                           ("raise", "on uncaught ValueError: bad batch on rank 1 at step 5")])
+def test_a_rank_that_dies_is_named_as_the_crash_not_as_a_skip(make_config, death, ended):
+    """Rank 1 dies before the loss all_reduce of step 5, at once (``os._exit``: no exit handler
+    runs) or on an exception (its exit record, then atexit's goodbye); torchrun tears its peer
+    down. It is the crash: it was reported as having skipped the all_reduce, a hang."""
     config = make_config(broker_port=free_port(), partitions=2)
     result = cli(config, "run", "--no-profile", "--",
                  *torchrun("plain_train.py", "--steps", "40", "--skip-rank", "1", "--skip-step", "5",
-                           "--stall-in", "exit", "--timeout-s", "120"), check=False, timeout=300)
+                           "--stall-in", death, "--timeout-s", "120"), check=False, timeout=300)
     assert result.returncode != 0, result.stdout + result.stderr
-    assert "rankstream: CRASH: root cause: rank 1 ended without a word" in result.stdout, result.stdout
+    assert f"rankstream: CRASH: root cause: rank 1 ended {ended}" in result.stdout, result.stdout
 
 
 def test_a_rank_blocked_in_a_collective_still_ends_on_sigterm(make_config):

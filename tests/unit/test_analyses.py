@@ -293,6 +293,33 @@ def test_the_report_tells_a_healthy_run_from_one_never_analyzed(db):
     assert "slowest rank:" not in text["healthy"]  # every rank within noise: no headline
 
 
+def test_the_text_report_prints_what_the_data_says_even_where_it_looks_like_markup():
+    """gloo's errors start with ``[/__w/...]``, a closing tag to rich: a crash's headline made the
+    report fail (live probe), and brackets in a cell vanished."""
+    from rich.console import Console
+
+    from rankstream.flows.report import render_run_report
+
+    detail = "rank 0 ended on uncaught RuntimeError: [/__w/gloo/pair.cc:553] Connection closed [bold]"
+    report = {"analyses": [{"analysis": "collectives", "detail": "crash"}],
+              "findings": [{"kind": "dead_rank", "detail": detail}]}
+    console = Console(record=True, width=300)
+    render_run_report("[run]", report, console)
+    lines = console.export_text().splitlines()
+    assert lines[:2] == ["run [run]", f"verdict: CRASH: root cause: {detail}"]
+    assert any("[/__w/gloo/pair.cc:553]" in line for line in lines[2:])  # the findings table
+
+
+def test_sql_output_prints_values_that_look_like_markup_as_they_are(capsys):
+    import pyarrow as pa
+
+    from rankstream.cli.data import print_table
+
+    print_table(pa.table({"name": ["void kernel<float>[/__w/a.cu:5]", "[bold]x"]}), "table")
+    out = capsys.readouterr().out
+    assert "void kernel<float>[/__w/a.cu:5]" in out and "[bold]x" in out
+
+
 def test_the_text_report_leads_with_the_verdict_and_fits_120_columns(db):
     from rich.console import Console
 

@@ -125,6 +125,20 @@ def test_tap_publishes_only_new_or_changed_entries_and_skips_idle_dumps():
     assert recorder.status == {"0": {"last_enqueued": 2, "last_completed": 2}}
 
 
+def test_a_process_about_to_die_reads_the_whole_ring_whatever_the_schedule_says():
+    """The call a rank blocks in was enqueued after the last full read, and a full read was not
+    due yet: a rank that died on SIGTERM there never published it (live probe: a job whose peer
+    exited at once left no entry at all, and its run could not be diagnosed)."""
+    ring, recorder = FakeRing(), Recorder()
+    tap = FlightRecorderTap(recorder, full_every_s=60.0, dumps=ring.dumps(), dump_cpu_share=None)
+    assert tap.snapshot() == 2
+    ring.entries.append(dump_entry(2, state="scheduled"))
+    ring.enqueued = 2
+    assert tap.snapshot() == 0 and ring.full_dumps == 1  # not due on the schedule
+    assert tap.snapshot(full=True) == 1 and ring.full_dumps == 2
+    assert recorder.fr[-1][0]["record_id"] == 2
+
+
 def test_no_full_dumps_while_the_producer_would_drop_them_and_nothing_missed_after():
     ring, recorder = FakeRing(), Recorder()
     tap = FlightRecorderTap(recorder, full_every_s=0.0, dumps=ring.dumps(), dump_cpu_share=None)

@@ -35,7 +35,8 @@ def _entry(record: int, group: tuple[str, str], seq: int) -> dict:
 def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None]):
     """A run of ``calls`` (rank -> its (group, seq) calls, in order) whose ranks ended as ``ends``
     says: rank -> ("goodbye", at), ("heartbeat", at), (exit reason, at) or None for a rank that
-    said nothing."""
+    said nothing; a rank of the job missing from ``ends`` was never heard from. An exit record is
+    followed by a goodbye 0.1 s later, as atexit closes the producer after it."""
     con = duckdb.connect()
     apply_schema(con)
     pg_config = {WORLD[0]: {"name": WORLD[0], "desc": WORLD[1], "ranks": sorted(calls)},
@@ -44,8 +45,8 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
     store_dumps(con, {rank: {"entries": [_entry(i, group, seq) for i, (group, seq) in enumerate(rank_calls)],
                              "pg_config": pg_config} for rank, rank_calls in calls.items()})
     for rank, end in ends.items():
-        con.execute("INSERT INTO rank_metadata (run_id, rank, session_id, sent_ns) VALUES ('run', ?, 's', ?)",
-                    [rank, GONE - 10**11])
+        con.execute("INSERT INTO rank_metadata (run_id, rank, world_size, session_id, sent_ns) "
+                    "VALUES ('run', ?, 4, 's', ?)", [rank, GONE - 10**11])
         con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) VALUES ('run', ?, 's', ?, ?)",
                     [rank, GONE - 10**10, False])
         if end is None:
@@ -58,6 +59,8 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
             con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
                         "VALUES ('run', ?, 'process_exit', 'rankstream', 'i', ?, ?)",
                         [rank, at, json.dumps({"reason": how})])
+            con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
+                        "VALUES ('run', ?, 's', ?, true)", [rank, at + 10**8])
     return diagnose_stored(Database.over(con, "endings"), "run").diagnosis
 
 
@@ -117,6 +120,30 @@ def test_failures_after_a_rank_left_cleanly_are_its_consequences_not_a_crash(the
             3: ("signal SIGTERM", GONE + 10**9)}
     result = _store(AT_FIRST_CALL, ends)
     assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [1]), result.root.headline()
+
+
+def test_a_signal_to_one_rank_first_is_no_crash_of_the_peer_that_failed_on_it():
+    """A user's kill of rank 1 (SIGTERM, said), then its peer's error on the closed connection:
+    the peer is no culprit, and the dumps decide."""
+    ends = {1: ("signal SIGTERM", GONE), 0: ("uncaught RuntimeError: Connection closed by peer", GONE + 10**8),
+            2: ("signal SIGTERM", GONE + 10**9), 3: ("signal SIGTERM", GONE + 10**9)}
+    result = _store(AT_FIRST_CALL, ends)
+    assert result.verdict != "crash" and result.root.culprit_ranks == [1]
+
+
+def test_a_rank_that_died_before_rankstream_heard_from_it_is_the_crash_even_with_no_entries():
+    """Rank 1 exited right after joining; rank 0 blocked in its first call until torchrun's
+    SIGTERM, before any entry reached the bus."""
+    result = _store({0: [], 2: [], 3: []}, {0: ("signal SIGTERM", GONE), 2: ("signal SIGTERM", GONE),
+                                           3: ("signal SIGTERM", GONE)})
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
+
+
+def test_a_rank_never_heard_from_in_a_job_that_went_well_is_not_dead():
+    """Its capture never started (a node without rankstream); everyone heard from closed cleanly."""
+    calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    result = _store(calls, {0: ("goodbye", GONE), 1: ("goodbye", GONE), 2: ("goodbye", GONE)})
+    assert result.verdict == "healthy"
 
 
 def test_a_job_whose_ranks_all_ended_cleanly_or_on_a_signal_has_no_dead_rank():

@@ -23,9 +23,9 @@ def main() -> int:
     parser.add_argument("--skip-rank", type=int, default=-1)
     parser.add_argument("--skip-step", type=int, default=12)
     parser.add_argument("--timeout-s", type=float, default=120)
-    parser.add_argument("--stall-in", choices=("sleep", "all_gather", "exit"), default="sleep",
+    parser.add_argument("--stall-in", choices=("sleep", "all_gather", "exit", "raise"), default="sleep",
                         help="where the skipping rank stalls: asleep, or blocked in an all_gather its peers never "
-                             "join; exit: it dies there at once, without a word (os._exit)")
+                             "join; exit: it dies there at once, without a word (os._exit); raise: a ValueError")
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--optimizers", type=int, default=1)
     parser.add_argument("--width", type=int, default=64, help="model width (bench/run_overhead.py: bigger steps)")
@@ -63,6 +63,8 @@ def main() -> int:
             print(f"STALL rank {rank} step {step}", flush=True)
             if args.stall_in == "exit":
                 os._exit(3)
+            if args.stall_in == "raise":
+                raise ValueError(f"bad batch on rank {rank} at step {step}")
             if args.stall_in == "all_gather":  # blocked in gloo, where no Python signal handler runs
                 dist.all_gather([torch.empty_like(value) for _ in range(dist.get_world_size())], value)
             time.sleep(args.timeout_s + 30)
