@@ -121,7 +121,7 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
     if endings is None or not endings.dead:
         return
     named = [finding for finding in result.findings if finding.kind == "dead_rank"]
-    if {rank for finding in named for rank in finding.culprit_ranks} != endings.dead:
+    if len(named) > 1 or {rank for finding in named for rank in finding.culprit_ranks} != endings.dead:
         waiting = {rank for finding in named for rank in finding.waiting_ranks} - endings.dead
         result.findings.insert(0, Finding(kind="dead_rank", culprit_ranks=sorted(endings.dead),
                                           actual={"ended": endings.described(min(endings.dead))},

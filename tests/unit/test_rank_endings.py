@@ -146,6 +146,15 @@ def test_a_rank_never_heard_from_in_a_job_that_went_well_is_not_dead():
     assert result.verdict == "healthy"
 
 
+def test_ranks_that_died_at_once_lead_as_one_finding_naming_them_all():
+    """Ranks 1 and 3 die at once, each before a call its peers wait in: one finding each, and the
+    root names both (it named the one whose finding came first)."""
+    calls = {0: [(WORLD, 1), (PAIR, 1)], 1: [(WORLD, 1)], 2: [(WORLD, 1), (OTHER_PAIR, 1)], 3: [(WORLD, 1)]}
+    result = _store(calls, {1: None, 3: None, 0: ("signal SIGTERM", GONE), 2: ("signal SIGTERM", GONE)})
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1, 3])
+    assert sorted(f.culprit_ranks[0] for f in result.findings[1:] if f.kind == "dead_rank") == [1, 3]
+
+
 def test_a_job_whose_ranks_all_ended_cleanly_or_on_a_signal_has_no_dead_rank():
     calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
     result = _store(calls, {0: ("goodbye", GONE), 1: ("signal SIGINT", GONE), 2: ("goodbye", GONE),
