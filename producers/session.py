@@ -127,6 +127,7 @@ class RankSession:
         self.clock_samples = 0
         self._stop = threading.Event()
         self._closed = False
+        self._exit_gate = threading.Lock()  # held from the first emergency flush on
         self._profiler_streams: list[ProfilerStream] = []
         #: Windows ``rankstream profile`` asks for, read from the bus when ``requests`` is on.
         self.windows = OnDemandWindows(self.producer, self.pid, self.profiler_stream)
@@ -225,8 +226,13 @@ class RankSession:
             stream.flush(timeout_s=10)
         self.producer.close(timeout_s)
 
-    def emergency_flush(self, reason: str) -> None:
-        """On a crash path: snapshot FR and push what is buffered, without closing anything."""
+    def emergency_flush(self, reason: str) -> bool:
+        """On a crash path: snapshot FR and push what is buffered, without closing anything. Only
+        the first call works; a later one returns False at once: it is a signal that came during
+        the first (torchrun's SIGTERM while an exception's flush reads the ring), and the path that
+        is flushing ends the process. Waiting for it there deadlocked the rank on the tap's lock."""
+        if not self._exit_gate.acquire(blocking=False):  # taken once, never released; never waits
+            return False
         try:
             self.producer.emit("process_exit", "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=self.pid, tid=0,
                                step=self.step, flow_id=None, correlation_id=None, args={"reason": reason})
@@ -234,7 +240,8 @@ class RankSession:
                 self.tap.snapshot(full=True)
             self.producer.flush(timeout_s=3.0)
         except Exception:  # the process is already dying: what was buffered is all that can be saved
-            return
+            pass
+        return True
 
     def _install_hooks(self) -> None:
         atexit.register(self.shutdown)
@@ -253,7 +260,8 @@ class RankSession:
 
             def handler(number, frame, previous=previous):
                 watch.handled(number)
-                self.emergency_flush(f"signal {signal.Signals(number).name}")
+                if not self.emergency_flush(f"signal {signal.Signals(number).name}"):
+                    return  # a flush under way ends the process when it is done
                 if callable(previous):
                     previous(number, frame)
                 elif previous == signal.SIG_DFL:

@@ -160,3 +160,4 @@ def test_a_job_whose_ranks_all_ended_cleanly_or_on_a_signal_has_no_dead_rank():
     result = _store(calls, {0: ("goodbye", GONE), 1: ("signal SIGINT", GONE), 2: ("goodbye", GONE),
                             3: ("signal SIGINT", GONE)})
     assert result.verdict == "healthy"
+
