@@ -27,7 +27,11 @@ from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_w
                                               gone_past_first_call, gone_past_transfer, late_for, program_between,
                                               transfer_out_of_program, waiting_positions)
 
-__all__ = ["wait_graph", "hang_findings"]
+__all__ = ["wait_graph", "hang_findings", "WENT_NOWHERE"]
+
+#: How the evidence line begins that guesses where a rank went when nothing shows it (a rank known
+#: to have died went nowhere: the line is dropped then).
+WENT_NOWHERE = "nothing shows where rank"
 
 
 def wait_graph(run: Run) -> WaitGraph:
@@ -84,7 +88,7 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
         if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
             finding = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
             if finding.kind == "skipped_collective":  # nothing shows it went past: it may be blocked in a
-                finding.evidence.append(f"nothing shows where rank {sink} went instead: it is stalled outside "
+                finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
                                         "collectives or blocked in a call the Flight Recorder does not record "
                                         "(gloo's send/recv)")
                 finding.inferred = True  # ranked after the findings with direct evidence

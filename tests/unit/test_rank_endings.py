@@ -80,6 +80,7 @@ def test_a_rank_that_died_without_a_word_while_its_peers_were_torn_down_is_the_c
     assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
     assert "ended without a word" in result.root.headline()
     assert "ranks 0, 2, 3 said how they ended" in result.root.evidence[0]
+    assert not any("stalled outside collectives" in line for line in result.root.evidence)  # it died
 
 
 def test_with_every_rank_silent_nobody_is_called_dead():
