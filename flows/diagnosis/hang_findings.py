@@ -163,12 +163,14 @@ def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, grap
             continue
         before, after = (first, second) if usual else (second, first)  # the majority's order
         if not by_majority and all(record_of(before).get(rank) is None for rank in culprits):
-            return _skipped_in_cycle(run, graph, cycle, culprits, skipped=before, issued=after)
+            return _skipped_in_cycle(run, graph, cycle, culprits, skipped=before,
+                                     evidence=_never_issued(run, culprits, skipped=before, issued=after))
         if by_majority:
             short = _one_call_short(run, culprits, [rank for rank, way in order.items() if way == usual],
                                     before=before, after=after)
             if short is not None:
-                return _shifted_by_a_skip(run, graph, cycle, culprits, skipped=before, issued=after, counts=short)
+                return _skipped_in_cycle(run, graph, cycle, culprits, skipped=before,
+                                         evidence=_shifted(run, culprits, skipped=before, issued=after, counts=short))
         expected, actual = _usual_call(run, before), _usual_call(run, after)
         if not by_majority:
             expected["order_of"] = "its own program's"
@@ -216,17 +218,22 @@ def _transfers_out_of_order(run: Run, graph: WaitGraph, cycle: list[int], edges:
 
 
 def _skipped_in_cycle(run: Run, graph: WaitGraph, cycle: list[int], culprits: list[int], *,
-                      skipped: tuple[int, int], issued: tuple[int, int]) -> Finding:
-    """Ranks of a two-sided cycle that never issued the call their peer waits in, and issued the
-    call they wait in early by their own program: one of several alike calls was skipped."""
+                      skipped: tuple[int, int], evidence: list[str]) -> Finding:
+    """Ranks of a two-sided cycle that skipped one of several alike calls (``evidence`` says how
+    it shows)."""
     group = run.group(skipped[0])
     return Finding(
         kind="skipped_collective", culprit_ranks=culprits, group=group.name, group_desc=group.desc, seq=skipped[1],
         expected=run.describe(run.sequences[skipped[0]].usual_at(skipped[1])),
-        waiting_ranks=_held_by(graph, cycle, culprits), in_flight=True,
-        evidence=[f"{ranks_text(culprits)} never issued {_usual_call(run, skipped)['call']} and went on to "
-                  f"{_usual_call(run, issued)['call']} after fewer calls of {group.label} than its own program "
-                  "always issues there: it skipped one of them"])
+        waiting_ranks=_held_by(graph, cycle, culprits), in_flight=True, evidence=evidence)
+
+
+def _never_issued(run: Run, culprits: list[int], *, skipped: tuple[int, int], issued: tuple[int, int]) -> list[str]:
+    """The culprits never issued the call their peer waits in, and issued the call they wait in
+    early by their own program."""
+    return [f"{ranks_text(culprits)} never issued {_usual_call(run, skipped)['call']} and went on to "
+            f"{_usual_call(run, issued)['call']} after fewer calls of {run.group(skipped[0]).label} than its own "
+            "program always issues there: it skipped one of them"]
 
 
 def _one_call_short(run: Run, culprits: list[int], peers: list[int], *, before: tuple[int, int],
@@ -236,34 +243,28 @@ def _one_call_short(run: Run, culprits: list[int], peers: list[int], *, before: 
     call short of their peers, with as many calls of the other group as they: every later call is
     one number behind, a skip and not a swap (a swap ends even). Visible where the hosts ran ahead
     of their devices to the end of the record (NCCL); None otherwise."""
-    last = {}
-    for rank in (*culprits, *peers):
-        for group in (before[0], after[0]):
-            seqs = run.calls.seq[(run.calls.rank == rank) & (run.calls.group == group)]
-            last[rank, group] = int(seqs.max()) if len(seqs) else 0
-    theirs = {(last[peer, before[0]], last[peer, after[0]]) for peer in peers}
+    last, other = run.sequences[before[0]].last_seq(), run.sequences[after[0]].last_seq()
+    theirs = {(last.get(peer, 0), other.get(peer, 0)) for peer in peers}
     if len(theirs) != 1:
         return None
     (their_count, their_other), = theirs
-    if all(last[rank, before[0]] == their_count - 1 > before[1] and last[rank, after[0]] == their_other
+    if all(last.get(rank, 0) == their_count - 1 > before[1] and other.get(rank, 0) == their_other
            for rank in culprits):
         return their_count - 1, their_count
     return None
 
 
-def _shifted_by_a_skip(run: Run, graph: WaitGraph, cycle: list[int], culprits: list[int], *,
-                       skipped: tuple[int, int], issued: tuple[int, int], counts: tuple[int, int]) -> Finding:
-    group = run.group(skipped[0])
-    return Finding(
-        kind="skipped_collective", culprit_ranks=culprits, group=group.name, group_desc=group.desc, seq=skipped[1],
-        expected=run.describe(run.sequences[skipped[0]].usual_at(skipped[1])),
-        waiting_ranks=_held_by(graph, cycle, culprits), in_flight=True,
-        evidence=[f"{ranks_text(culprits)} issued {_usual_call(run, issued)['call']} before "
-                  f"{_usual_call(run, skipped)['call']}, the reverse of its peers' order, so each side waits for the "
-                  "other (deadlock)",
-                  f"it went on issuing calls of {group.label} and ended with {counts[0]} of them where its peers "
-                  f"issued {counts[1]}, with as many calls of {run.group(issued[0]).label} as they: every call from "
-                  f"#{skipped[1]} on is one number behind theirs, so it skipped one (a swap ends even)"])
+def _shifted(run: Run, culprits: list[int], *, skipped: tuple[int, int], issued: tuple[int, int],
+             counts: tuple[int, int]) -> list[str]:
+    """The culprits' pair of calls is reversed and every later call of the group one number
+    behind: they ended one call short."""
+    label = run.group(skipped[0]).label
+    return [f"{ranks_text(culprits)} issued {_usual_call(run, issued)['call']} before "
+            f"{_usual_call(run, skipped)['call']}, the reverse of its peers' order, so each side waits for the "
+            "other (deadlock)",
+            f"it went on issuing calls of {label} and ended with {counts[0]} of them where its peers issued "
+            f"{counts[1]}, with as many calls of {run.group(issued[0]).label} as they: every call from "
+            f"#{skipped[1]} on is one number behind theirs, so it skipped one (a swap ends even)"]
 
 
 def _held_by(graph: WaitGraph, cycle: list[int], culprits: list[int]) -> list[int]:
