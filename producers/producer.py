@@ -35,9 +35,10 @@ from rankstream.producers.delivery import Delivery
 from rankstream.producers.sender import SenderLoop
 from rankstream.producers.spool import Spool
 from rankstream.producers.stored_feed import StoredFeed
+from rankstream.producers.topic_tail import TopicTail
 from rankstream.producers.transport import KafkaTransport, Transport
 from rankstream.schemas.envelope import PayloadKind, Stream
-from rankstream.schemas.topics import message_key, topic_for
+from rankstream.schemas.topics import message_key, stored_topic, topic_for
 from rankstream.schemas.trace import TraceBatch
 
 __all__ = ["Producer", "ProducerStats"]
@@ -103,7 +104,7 @@ class Producer(SenderLoop):
         self.session_id = session_id or uuid.uuid4().hex[:16]
         self._emitted = 0
         if not enabled:
-            for name in _EMIT_CALLS + ("flush", "close"):
+            for name in _EMIT_CALLS + ("flush", "close", "follow"):
                 setattr(self, name, _noop)
             return
         self._config = config or load_config()
@@ -137,9 +138,10 @@ class Producer(SenderLoop):
                                   incarnation_check_s=settings.broker_check_s,
                                   on_broker_reset=self._announce_again, on_first_spool=self._say_spooling,
                                   confirmed=confirm_stored)
-        self._stored_feed = StoredFeed(self._config, run_id, rank=rank, confirm=self._delivery.confirm) if confirm_stored else None
-        if self._stored_feed is not None:
-            self._stored_feed.start()
+        self._tail: TopicTail | None = None
+        if confirm_stored:
+            self.follow(stored_topic(self._config.topic_prefix),
+                        StoredFeed(run_id, rank=rank, confirm=self._delivery.confirm).received)
         self._spool_directory = spool.directory
         self._transport = transport
         self._flush_requested = threading.Event()
@@ -231,6 +233,13 @@ class Producer(SenderLoop):
         if self.enabled:
             self._delivery.note_error(f"profiler window lost: {reason}")
 
+    def follow(self, topic: str, handler) -> None:
+        """Hand ``topic``'s messages from now on to ``handler``, on the one thread and Kafka
+        consumer that all of this producer's followed topics share (``producers.topic_tail``)."""
+        if self._tail is None:
+            self._tail = TopicTail(self._config, name=f"rankstream-tail-r{self.rank}")
+        self._tail.follow(topic, handler)
+
     @property
     def refusing(self) -> bool:
         """True while whatever is emitted would be dropped (the broker is down and the spool is as
@@ -294,8 +303,8 @@ class Producer(SenderLoop):
         self._close_timeout = self._config.producer.close_timeout_s if timeout_s is None else timeout_s
         self._stopping.set()
         self._stopped.wait(self._close_timeout + 2.0)  # slack for a loaded machine; drain keeps a reserve too
-        if self._stored_feed is not None:
-            self._stored_feed.stop()
+        if self._tail is not None:
+            self._tail.stop()
         for name in _EMIT_CALLS:  # later calls must not fill a queue nobody drains
             setattr(self, name, _noop)
         stats = self.stats()

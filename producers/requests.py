@@ -3,7 +3,7 @@ of a run for a profiler window.
 
 A request is a small JSON object on ``<prefix>.requests``, a topic the materializer does not read
 (it is no event). Each rank that started a session follows that topic (``producers.topic_tail``)
-and hands the requests for its run and rank to the session.
+(through its producer's topic tail) and hands the requests for its run and rank to the session.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ import time
 import uuid
 from typing import Any, Callable
 
-from rankstream.producers.topic_tail import TopicTail
-from rankstream.schemas.config import Config
-from rankstream.schemas.topics import requests_topic
 
 __all__ = ["RequestListener", "profile_request", "decode_request"]
 
@@ -41,11 +38,10 @@ def decode_request(raw: bytes | None) -> dict[str, Any] | None:
     return request
 
 
-class RequestListener(TopicTail):
-    """Follows the requests topic; calls ``on_request(request)`` for this rank's."""
+class RequestListener:
+    """Given the requests topic's messages; calls ``on_request(request)`` for this rank's."""
 
-    def __init__(self, config: Config, run_id: str, *, rank: int, on_request: Callable[[dict], None]) -> None:
-        super().__init__(config, requests_topic(config.topic_prefix), name="rankstream-requests", poll_s=2.0)
+    def __init__(self, run_id: str, *, rank: int, on_request: Callable[[dict], None]) -> None:
         self._run_id, self._rank, self._on_request = run_id, rank, on_request
 
     def received(self, raw: bytes | None) -> None:

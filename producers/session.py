@@ -19,6 +19,7 @@ from typing import Any
 from rankstream.schemas.config import Config
 from rankstream.schemas.processes import start_ticks
 from rankstream.schemas.settings import LaunchEnvironment, flight_recorder_buffer_size
+from rankstream.schemas.topics import requests_topic
 from rankstream.producers.clock_sync import ClockRounds
 from rankstream.producers.flight_recorder import FlightRecorderTap
 from rankstream.producers.on_demand import OnDemandWindows
@@ -134,9 +135,9 @@ class RankSession:
         #: True while another profiler of this process records (``rankstream run``'s periodic
         #: windows): a requested window then waits for the next boundary, as Kineto runs one at a time.
         self.other_profiler_busy = lambda: False
-        self._listener = RequestListener(config, run_id, rank=rank, on_request=self.windows.request) if requests else None
-        if self._listener is not None:
-            self._listener.start()
+        if requests:
+            self.producer.follow(requests_topic(config.topic_prefix),
+                                 RequestListener(run_id, rank=rank, on_request=self.windows.request).received)
         self.producer.emit_rank_metadata(local_rank=launch.local_rank, node_rank=launch.node_rank,
                                          local_world_size=launch.local_world_size, **_versions())
         self.tap = FlightRecorderTap(self.producer, interval_s=fr_interval_s, full_every_s=fr_full_every_s,
@@ -219,8 +220,6 @@ class RankSession:
             self._clock_thread.join(min(self._clock_timeout, CLOCK_ROUND_GRACE_S))
         if self.tap:
             self.tap.stop(final_snapshot=True)
-        if self._listener is not None:
-            self._listener.stop()
         self.windows.close()
         for stream in self._profiler_streams:
             stream.flush(timeout_s=10)

@@ -1,6 +1,6 @@
 """The materializer's announcements of what it stored, as one rank's producer hears them.
 
-Follows ``<prefix>.stored`` (``schemas.stored``) and hands this run's and rank's ranges to the
+Read from ``<prefix>.stored`` (``schemas.stored``) by the producer's topic tail; hands this run's and rank's ranges to the
 delivery, which then lets go of the messages they cover. Any announcement, even one for other
 ranks, tells the delivery the materializer is there: a closing producer waits for it longer.
 """
@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rankstream.producers.topic_tail import TopicTail
-from rankstream.schemas.config import Config
 from rankstream.schemas.stored import decode_stored
-from rankstream.schemas.topics import stored_topic
 
 __all__ = ["StoredFeed"]
 
 
-class StoredFeed(TopicTail):
-    def __init__(self, config: Config, run_id: str, *, rank: int,
+class StoredFeed:
+    def __init__(self, run_id: str, *, rank: int,
                  confirm: Callable[[dict[tuple[str, str], list[tuple[int, int]]]], None]) -> None:
-        super().__init__(config, stored_topic(config.topic_prefix), name=f"rankstream-stored-r{rank}", poll_s=1.0)
         self._run_id, self._rank, self._confirm = run_id, rank, confirm
 
     def received(self, raw: bytes | None) -> None:
