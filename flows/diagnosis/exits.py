@@ -8,7 +8,11 @@ silent rank is the one that died: launchers tear the others down because a worke
 so. Without that contrast (every rank silent: the whole job was killed at once) nobody is named.
 
 When no rank is silent, a rank whose uncaught exception came first is the one that failed: its
-peers' errors ("Connection closed by peer") follow it by at least its own flush. When the first
+peers' errors ("Connection closed by peer") follow it by at least its own flush. An exception
+that only says a wait ended (a collective or the store timed out, a peer closed or reset the
+connection) is a symptom, never the first failure: ranks left waiting by a peer that skipped a
+call all raise gloo's or NCCL's timeout within microseconds of each other, and the first of them
+is a victim. With only symptoms, the dumps decide. When the first
 rank to end closed cleanly (it left the job early), the failures after it are its consequences:
 nobody is named dead, and the dumps say what it left its peers waiting in. When the first end was
 a signal and nobody is silent (a user's ``kill`` of one rank, a scheduler's), the errors of its
@@ -25,6 +29,7 @@ call was reported as a hang, and a tie of two silent-looking ranks could name th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from rankstream.flows.diagnosis.findings import ranks_text
@@ -37,6 +42,12 @@ SILENT = "without a word (killed, aborted in native code or exited at once)"
 #: How long after its last heartbeat a rank that said nothing is taken to be gone (heartbeats come
 #: about once a second).
 QUIET_S = 5.0
+
+#: What an exception says when it only reports that a wait ended: gloo's "Timed out waiting
+#: 90000ms for recv operation", NCCL's watchdog "collective operation timeout", the store's
+#: "Socket Timeout", "Connection closed by peer", "Connection reset by peer".
+_WAIT_ENDED = re.compile(r"timed out|timeout|closed by peer|reset by peer|broken pipe|connection refused",
+                         re.IGNORECASE)
 
 #: Each rank of the job (its world size, whether or not it was ever heard from): its clean
 #: goodbye, its first exit record and its last heartbeat.
@@ -136,12 +147,12 @@ def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:
         return frozenset(silent), [f"{ranks_text(silent)} ended {SILENT}, while {ranks_text([e.rank for e in spoke])} "
                                    f"said how they ended ({'; '.join(o[:120] for o in others)})"]
     failed = sorted((end for end in spoke if end.how == "exception"), key=lambda end: end.at_ns or 0)
-    if not failed:
-        return frozenset(), []
-    first = failed[0]
+    causes = [end for end in failed if not _WAIT_ENDED.search(end.reason or "")]
+    if not causes:
+        return frozenset(), []  # every exception says only that a wait ended: the dumps say why
+    first, rest = causes[0], [end.rank for end in failed if end is not causes[0]]
     return frozenset({first.rank}), [f"rank {first.rank} ended first on {first.reason[:300]}"
-                                     + (f"; then {ranks_text([e.rank for e in failed[1:]])} failed too" if failed[1:]
-                                        else "")]
+                                     + (f"; then {ranks_text(rest)} failed too" if rest else "")]
 
 
 def _began_with_a_goodbye(ends: list[RankEnd]) -> bool:

@@ -99,6 +99,33 @@ def test_the_rank_whose_exception_came_first_is_the_crash_and_its_peers_errors_a
     assert "ended on uncaught ValueError: bad batch" in result.root.headline()
 
 
+@pytest.mark.parametrize("timeout", [
+    "uncaught RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+    "90000ms for recv operation to complete",
+    "uncaught DistBackendError: [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=14, "
+    "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out"], ids=["gloo", "nccl"])
+def test_peers_whose_waits_timed_out_are_no_crash_of_the_rank_that_kept_them_waiting(timeout):
+    """Live probe 10 e08: rank 1 skipped the world call and slept; its three peers' waits ended in
+    the process group's timeout, within microseconds of each other, and torchrun then signalled
+    rank 1. The first timeout is a victim's: the skip stays the root cause."""
+    calls = {1: [(WORLD, 1)], 0: [(WORLD, 1), (WORLD, 2)], 2: [(WORLD, 1), (WORLD, 2)], 3: [(WORLD, 1), (WORLD, 2)]}
+    ends = {0: (timeout, GONE), 2: (timeout, GONE + 15_000), 3: (timeout, GONE + 9_000_000),
+            1: ("signal SIGTERM", GONE + 4 * 10**9)}
+    result = _store(calls, ends)
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("hang", "skipped_collective", [1])
+    assert not any(finding.kind == "dead_rank" for finding in result.findings)
+
+
+def test_a_real_failure_after_a_peers_timeout_is_still_the_crash():
+    """A symptom's timestamp does not make it the cause: rank 1's ValueError is the first failure
+    even when a peer's closed connection was recorded a moment earlier (clocks of two nodes)."""
+    ends = {0: ("uncaught RuntimeError: Connection reset by peer", GONE), 1: ("uncaught ValueError: bad batch",
+            GONE + 10**6), 2: ("signal SIGTERM", GONE + 10**9), 3: ("signal SIGTERM", GONE + 10**9)}
+    result = _store(AT_FIRST_CALL, ends)
+    assert (result.verdict, result.root.culprit_ranks) == ("crash", [1])
+    assert "then rank 0 failed too" in result.root.evidence[0]
+
+
 def test_a_rank_heard_from_a_moment_ago_may_still_be_running_and_nobody_is_called_dead():
     result = _store(AT_FIRST_CALL, {1: ("heartbeat", time.time_ns() - 10**9), **TORN_DOWN})
     assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("hang", "skipped_collective", [1])
