@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from dataclasses import dataclass
 
 from rankstream.flows.diagnosis.findings import ranks_text
+from rankstream.schemas.processes import process_alive
 
 __all__ = ["RankEnd", "Endings", "rank_endings", "SILENT"]
 
@@ -53,9 +55,10 @@ _WAIT_ENDED = re.compile(r"timed out|timeout|closed by peer|reset by peer|broken
 #: goodbye, its first exit record and its last heartbeat.
 ENDINGS_SQL = """
 WITH heard AS (
-    SELECT DISTINCT rank, true AS heard FROM rank_metadata WHERE run_id = $run
+    SELECT rank, true AS heard, arg_max(host, sent_ns) AS host, arg_max(pid, sent_ns) AS pid
+    FROM rank_metadata WHERE run_id = $run GROUP BY rank
 ), ranks AS (
-    SELECT rank, coalesce(heard, false) AS heard FROM (
+    SELECT rank, coalesce(heard, false) AS heard, host, pid FROM (
         SELECT unnest(range(coalesce(max(world_size), 0))) AS rank FROM rank_metadata WHERE run_id = $run
         UNION SELECT rank FROM heard
     ) LEFT JOIN heard USING (rank)
@@ -65,7 +68,7 @@ WITH heard AS (
     SELECT rank, arg_min(args, ts_ns) AS args, min(ts_ns) AS exit_ns FROM trace_events
     WHERE run_id = $run AND cat = 'rankstream' AND name = 'process_exit' GROUP BY rank
 )
-SELECT rank, heard, coalesce(goodbye, false), last_ns, args::VARCHAR, exit_ns
+SELECT rank, heard, coalesce(goodbye, false), last_ns, args::VARCHAR, exit_ns, host, pid
 FROM ranks LEFT JOIN beats USING (rank) LEFT JOIN exits USING (rank) ORDER BY rank
 """
 
@@ -100,11 +103,16 @@ class Endings:
 
 def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False) -> Endings:
     """How each rank of ``run_id`` ended, judged at ``now_ns``. A rank heard from within ``QUIET_S``
-    may still be running and is not called silent, unless ``job_over``: its processes are known
-    to be gone."""
-    quiet_since_ns = now_ns if job_over else now_ns - int(QUIET_S * 1e9)
-    ends = [_end(rank, heard, bool(goodbye), last_ns, args, exit_ns, quiet_since_ns)
-            for rank, heard, goodbye, last_ns, args, exit_ns in database.fetchall(ENDINGS_SQL, {"run": run_id})]
+    may still be running and is not called silent, unless ``job_over`` (the job launched on this
+    host ended: ``run`` after its job) and the rank ran on this host in a process that is gone.
+    Ranks of other nodes go by ``QUIET_S``: their launch may still be running (probe 10 e02: the
+    head named another node's live ranks dead)."""
+    here = socket.gethostname()
+    recent_ns = now_ns - int(QUIET_S * 1e9)
+    ends = [_end(rank, heard, bool(goodbye), last_ns, args, exit_ns,
+                 now_ns if job_over and host == here and pid is not None and not process_alive(pid) else recent_ns)
+            for rank, heard, goodbye, last_ns, args, exit_ns, host, pid
+            in database.fetchall(ENDINGS_SQL, {"run": run_id})]
     return Endings(ends, *_who_died(ends))
 
 

@@ -189,3 +189,32 @@ def test_a_job_whose_ranks_all_ended_cleanly_or_on_a_signal_has_no_dead_rank():
                             3: ("signal SIGINT", GONE)})
     assert result.verdict == "healthy"
 
+
+
+def test_after_the_job_here_ended_only_this_hosts_gone_processes_are_over():
+    """``run`` judges its run when its own job ended; another node's ranks may still be running
+    (live probe 10 e02: the head named a second node's live ranks dead). A rank of this host whose
+    process is gone is over however recently it was heard from; one of another host heard a moment
+    ago is still running, and nobody is named dead while it may be."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from rankstream.flows.diagnosis.exits import rank_endings
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    con = duckdb.connect()
+    apply_schema(con)
+    now = time.time_ns()
+    where = {0: (socket.gethostname(), gone.pid), 1: (socket.gethostname(), os.getpid()), 2: ("node-b", 4242)}
+    for rank, (host, pid) in where.items():
+        con.execute("INSERT INTO rank_metadata (run_id, rank, world_size, session_id, sent_ns, host, pid) "
+                    "VALUES ('run', ?, 3, 's', ?, ?, ?)", [rank, now - 10**10, host, pid])
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) VALUES ('run', ?, 's', ?, false)",
+                    [rank, now - 10**9])
+    database = Database.over(con, "endings")
+    hows = {end.rank: end.how for end in rank_endings(database, "run", now_ns=now, job_over=True).ends}
+    assert hows == {0: "silent", 1: "running", 2: "running"}
+    assert {end.how for end in rank_endings(database, "run", now_ns=now).ends} == {"running"}
