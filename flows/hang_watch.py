@@ -30,6 +30,7 @@ import duckdb
 from rankstream.consumers.query import Database
 from rankstream.consumers.store import transaction
 from rankstream.flows.diagnosis.findings import WAIT_KINDS, Finding
+from rankstream.flows.diagnosis.published_stacks import STACK_SQL
 from rankstream.flows.diagnosis.report import diagnose_stored
 from rankstream.flows.diagnosis.ring_progress import ring_progress
 
@@ -70,10 +71,6 @@ MOVING_EVERY_S = 10.0
 #: How long after a clean end a run is still judged (for disagreements whose entries came late).
 _ENDED_GRACE_NS = 10 * 10**9
 
-_STACK_SQL = """
-SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND cat = 'rankstream'
-  AND name IN ('idle_outside_collectives', 'stalled_in_collective') ORDER BY ts_ns DESC LIMIT 1
-"""
 
 
 def _key(run_id: str, f: Finding) -> tuple:
@@ -140,7 +137,7 @@ class WatchFailed(Exception):
 
 def _published_stack(con, run_id: str, rank: int) -> list[dict]:
     """The stack the rank's Flight Recorder tap published when its groups stopped moving."""
-    rows = con.execute(_STACK_SQL, {"run": run_id, "rank": rank}).fetchall()
+    rows = con.execute(STACK_SQL, {"run": run_id, "rank": rank}).fetchall()
     return json.loads(rows[0][0]).get("frames", [])[:20] if rows and rows[0][0] else []
 
 

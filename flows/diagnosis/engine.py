@@ -52,10 +52,12 @@ class Diagnosis:
 
 
 def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int],
-             clock_error_ns: int = 0) -> Diagnosis:
+             clock_error_ns: int = 0, blocked_in: dict[int, str] | None = None) -> Diagnosis:
     """Findings for one run (see the module docstring). ``listed``: group name -> the ranks the
-    dumps list; ``dumped``: the ranks that left data."""
+    dumps list; ``dumped``: the ranks that left data; ``blocked_in``: ranks whose live stacks show
+    them blocked in a call the Flight Recorder does not record (``published_stacks``)."""
     run = Run(entries, listed, dumped)
+    run.blocked_in = blocked_in or {}
     graph = wait_graph(run)
     disagreements = _judged_disagreements(run, {(p.group, p.seq) for p in graph.waiting})
     findings = _mismatch_findings(run, disagreements, graph) + hang_findings(run, graph, disagreements)

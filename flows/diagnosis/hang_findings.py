@@ -84,16 +84,7 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
     for rank in sorted(late):
         findings.append(_skipped_earlier(run, graph, rank, late[rank]))
     settled |= set(late)
-    for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
-        if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
-            finding = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
-            if finding.kind == "skipped_collective":  # nothing shows it went past: it may be blocked in a
-                finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
-                                        "collectives or blocked in a call the Flight Recorder does not record "
-                                        "(gloo's send/recv)")
-                finding.inferred = True  # ranked after the findings with direct evidence
-            findings.append(finding)
-            settled.add(sink)
+    findings += _sinks(run, graph, settled)
     for mismatch in run.p2p.mismatched:
         findings.append(_p2p_mismatch(run, mismatch))
         settled |= {mismatch.send.waiter, mismatch.recv.waiter}
@@ -114,6 +105,38 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
             waiting_ranks=sorted(graph.upstream(set(cycle))), in_flight=True,
             evidence=[f"rank {e.waiter.rank} waits in {place_of(run, e.waiter)} for rank {e.target}" for e in edges]))
     return findings
+
+
+def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
+    """The remaining ranks others wait for in a call they never issued, with nothing to show that
+    they went past it (it is settled here). A rank whose live stack shows it blocked in a
+    point-to-point call waits for a peer: when one other such rank is not blocked so, that one is
+    what it waits for, and leads."""
+    found = {}
+    for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
+        if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
+            found[sink] = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
+            settled.add(sink)
+    unrecorded = {sink: finding for sink, finding in found.items() if finding.kind == "skipped_collective"}
+    blocked = [sink for sink in unrecorded if sink in run.blocked_in]
+    free = [sink for sink in unrecorded if sink not in run.blocked_in]
+    for sink, finding in unrecorded.items():  # nothing shows it went past: it may be blocked in a call
+        finding.inferred = True  # ranked after the findings with direct evidence
+        if sink in run.blocked_in:
+            finding.evidence.append(f"rank {sink}'s live stack shows it blocked in {run.blocked_in[sink]}, a "
+                                    "point-to-point call the Flight Recorder does not record with gloo: it waits "
+                                    "for a peer")
+        else:
+            finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
+                                    "collectives or blocked in a call the Flight Recorder does not record "
+                                    "(gloo's send/recv)")
+    if blocked and len(free) == 1:
+        lead = unrecorded[free[0]]
+        lead.waiting_ranks = sorted(set(lead.waiting_ranks) | set(blocked))
+        lead.evidence.append(f"{ranks_text(blocked)}, blocked in "
+                             + ("a point-to-point call, waits" if len(blocked) == 1 else "point-to-point calls, wait")
+                             + f" for rank {free[0]}: no other rank absent from this call is outside communication")
+    return list(found.values())
 
 
 def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, graph: WaitGraph) -> Finding | None:

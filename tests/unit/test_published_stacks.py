@@ -1,0 +1,82 @@
+"""A rank whose live stack shows it blocked in a point-to-point call waits for a peer.
+
+gloo records no send or receive in the Flight Recorder: in a pipeline whose stage 2 stopped
+sending, stage 3 blocks in ``recv`` and both are absent from the world call the others wait in
+(live probe 10 e03/e03b: two equal suspects, and the headline went by rank order).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import duckdb
+import pytest
+
+from rankstream.consumers.query import Database
+from rankstream.consumers.store import apply_schema
+from rankstream.flows.diagnosis.published_stacks import innermost_call
+from rankstream.flows.diagnosis.report import diagnose_stored
+from tests.diagnosis.storing import store_dumps
+
+WORLD = ("0", "default_pg")
+C10D = "/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py"
+RECV = [{"name": "recv", "filename": C10D, "line": 2799},
+        {"name": "wrapper", "filename": "/venv/lib/python3.12/site-packages/torch/distributed/c10d_logger.py",
+         "line": 83}, {"name": "<module>", "filename": "/job/train.py", "line": 37}]
+SLEEP = [{"name": "<module>", "filename": "/job/train.py", "line": 41}]
+
+
+def _entry(record: int, seq: int) -> dict:
+    return {"record_id": record, "process_group": WORLD, "collective_seq_id": seq, "p2p_seq_id": 0,
+            "profiling_name": "gloo:all_reduce", "input_sizes": [[8]], "output_sizes": [[8]],
+            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled",
+            "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
+
+
+def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset()):
+    """Ranks 0 and 1 wait in world call #8; ranks 2 and 3 stopped after #7 with ``stacks``
+    published; a rank in ``moved_on`` made progress after its stack was taken."""
+    con = duckdb.connect()
+    apply_schema(con)
+    reached = {0: 8, 1: 8, 2: 7, 3: 7}
+    store_dumps(con, {rank: {"entries": [_entry(i, seq) for i, seq in enumerate(range(1, last + 1))],
+                             "pg_config": {WORLD[0]: {"name": WORLD[0], "desc": WORLD[1], "ranks": [0, 1, 2, 3]}}}
+                      for rank, last in reached.items()})
+    now = time.time_ns()
+    for rank, last in reached.items():
+        progress = {"0": {"last_enqueued": last, "last_started": -1, "last_completed": last}}
+        later = {"0": {**progress["0"], "last_enqueued": last + 1}} if rank in moved_on else progress
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final, collectives) "
+                    "VALUES ('run', ?, 's', ?, false, ?)", [rank, now, json.dumps(later)])
+        if rank in stacks:
+            con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
+                        "VALUES ('run', ?, 'idle_outside_collectives', 'rankstream', 'i', ?, ?)",
+                        [rank, now - 10**9, json.dumps({"groups": progress, "frames": stacks[rank]})])
+    return diagnose_stored(Database.over(con, "stacks"), "run", live=True).diagnosis
+
+
+@pytest.mark.parametrize("stalled, receiving", [(2, 3), (3, 2)])
+def test_the_rank_blocked_in_recv_waits_for_the_one_that_stalled_outside_communication(stalled, receiving):
+    result = _diagnose({stalled: SLEEP, receiving: RECV})
+    assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [stalled])
+    assert receiving in result.root.waiting_ranks
+    follower = next(f for f in result.findings if f.culprit_ranks == [receiving])
+    assert any("blocked in recv (distributed_c10d.py:2799, from train.py:37)" in line for line in follower.evidence)
+
+
+def test_a_stack_taken_before_the_rank_moved_on_says_nothing():
+    """Rank 3 was in recv once, and has made progress since: its old stack is no evidence, so
+    the two suspects stay equal (rank order)."""
+    result = _diagnose({2: SLEEP, 3: RECV}, moved_on={3})
+    assert result.root.culprit_ranks == [2]
+    assert 3 not in result.root.waiting_ranks
+    result = _diagnose({3: SLEEP, 2: RECV}, moved_on={2})
+    assert result.root.culprit_ranks == [2] and 2 not in result.findings[1].waiting_ranks
+
+
+def test_only_torch_distributed_point_to_point_frames_count():
+    assert innermost_call(RECV) == ("recv", "distributed_c10d.py:2799, from train.py:37")
+    assert innermost_call(SLEEP) is None
+    a_users_recv = [{"name": "recv", "filename": "/job/pipeline.py", "line": 3}]
+    assert innermost_call(a_users_recv) is None
