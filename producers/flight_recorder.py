@@ -14,7 +14,11 @@ nearly free (docs/benchmarks.md has the figures). So every ``interval_s`` the ta
    detector needs those entries quickly), or when the rank has just stopped making progress (its
    peers may be waiting for it, and a paused rank is not slowed by the dump). Otherwise only for
    freshness: every ``full_every_s`` at most, and never more often than keeps these dumps under
-   ``DUMP_CPU_SHARE`` of one core (with a full ring, about every 30 s);
+   ``DUMP_CPU_SHARE`` of one core (with a full ring, about every 30 s), with ``DUMP_ALLOWANCE_S``
+   to spend ahead of that share: a young ring's cheap reads are not held back by the cost of the
+   first read (which pays one-time work), and a rank that dies in native code (an abort: no
+   crash-path read) has lost at most the last second of its calls (live probe 10 e06: three
+   ranks lost all nine of theirs);
 3. publishes only entries that are new or whose state changed, keyed by ``record_id``, and the
    process groups when they change; while the producer would drop them anyway (the broker is down
    and its spool full), it takes no full dumps, and the next one after that publishes what the ring
@@ -83,13 +87,15 @@ def _pending(status: dict[str, dict[str, int]]) -> set[str]:
 #: The most of one core the dumps taken only for freshness may use: each holds the GIL, so the
 #: training thread waits on it (docs/benchmarks.md, "Measurements behind the code").
 DUMP_CPU_SHARE = 0.002
+DUMP_ALLOWANCE_S = 0.05
 
 
 class FlightRecorderTap:
     def __init__(self, producer, interval_s: float = 1.0, full_every_s: float = 1.0, *, ring_size: int = 2000,
                  backend: str | None = None, dumps: FlightRecorderDumps | None = None,
                  main_thread_id: int | None = None, dump_cpu_share: float | None = DUMP_CPU_SHARE,
-                 groups: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 groups: Callable[[], list[dict[str, Any]]] | None = None,
+                 dump_allowance_s: float = DUMP_ALLOWANCE_S) -> None:
         """``groups``: the process's process groups as torch lists them now, for dumps whose
         ``pg_config`` names none (gloo's holds only a nameless placeholder): the groups a job
         creates after ``init_process_group`` are reported with the first dump that follows."""
@@ -109,7 +115,9 @@ class FlightRecorderTap:
         self._last_full = 0.0
         self._newest_record = -1  # the newest record_id of the last full dump
         self._records_per_s = 0.0  # how fast the ring filled between the last two dumps, p2p included
-        self._full_cost_s = 0.0  # CPU time of the last full dump, parse and diff
+        # CPU seconds of dumps the share allows now (a token bucket holding at most the allowance)
+        self._allowance = self._dump_budget = dump_allowance_s
+        self._budget_at = time.monotonic()
         self._stall_reported: dict[str, int] = {}
         self._idle_ticks = 0
         self._lock = threading.Lock()
@@ -161,7 +169,7 @@ class FlightRecorderTap:
         if final or full or self._full_dump_due(stuck):
             started = time.thread_time()
             published = self._publish(parse_dump(self._dumps.entries(), "the Flight Recorder's ring", entries=False))
-            self._full_cost_s = time.thread_time() - started
+            self._dump_budget -= time.thread_time() - started  # the dump, its parse and diff
         if stuck:
             self._report_stall(stuck)
         elif self._idle_ticks == _IDLE_TICKS:  # no group moved for a while: say where the rank is
@@ -185,8 +193,12 @@ class FlightRecorderTap:
         new = max(self._records_per_s * (now - self._last_full),  # sends and receives are not in the progress
                   sum(max(0, s.get("last_enqueued", 0) - self._status_at_full.get(g, {}).get("last_enqueued", -1))
                       for g, s in self._status.items()))
-        period = max(self._full_every, self._full_cost_s / self._dump_cpu_share if self._dump_cpu_share else 0.0)
-        return new >= self._ring // 2 or now - self._last_full >= period
+        if self._dump_cpu_share:
+            self._dump_budget = min(self._allowance,
+                                    self._dump_budget + self._dump_cpu_share * (now - self._budget_at))
+            self._budget_at = now
+        affordable = not self._dump_cpu_share or self._dump_budget >= 0
+        return new >= self._ring // 2 or (now - self._last_full >= self._full_every and affordable)
 
     def _publish(self, dump: dict[str, Any]) -> int:
         self.full_dumps += 1

@@ -163,7 +163,7 @@ def test_periodic_dumps_stay_within_their_cpu_share():
             pass
         return costly.entries()
 
-    tap = FlightRecorderTap(recorder, full_every_s=0.0, dump_cpu_share=0.5,
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dump_cpu_share=0.5, dump_allowance_s=0.0,
                             dumps=FlightRecorderDumps(costly.status, entries, costly.entries_with_frames))
     tap.snapshot()
     ring.entries = ring.entries + [dump_entry(2)]
@@ -173,6 +173,31 @@ def test_periodic_dumps_stay_within_their_cpu_share():
     time.sleep(0.05)
     tap.snapshot()
     assert ring.full_dumps == 2 and [e["record_id"] for e in recorder.fr[-1]] == [2]
+
+
+def test_a_costly_first_read_does_not_hold_back_the_cheap_reads_of_a_young_ring():
+    """Live probe 10 e06: the first read's cost (one-time work) at the 0.2% share pushed the next
+    freshness read seconds away, and three ranks that then died in an abort (no crash-path read)
+    had lost every call they made. The allowance lets the cheap reads of a young ring go on each
+    tick; spending past it, the share paces them again."""
+    ring, recorder = FakeRing(), Recorder()
+    plain, costs = ring.dumps(), iter([0.03, 0.0, 0.0, 0.03])
+
+    def entries():
+        cost, started = next(costs, 0.0), time.thread_time()
+        while time.thread_time() - started < cost:
+            pass
+        return plain.entries()
+
+    tap = FlightRecorderTap(recorder, full_every_s=0.0, dump_cpu_share=0.002, dump_allowance_s=0.05,
+                            dumps=FlightRecorderDumps(plain.status, entries, plain.entries_with_frames))
+    reads = []
+    for record in range(2, 7):
+        tap.snapshot()
+        reads.append(ring.full_dumps)
+        ring.entries = ring.entries + [dump_entry(record)]
+        ring.enqueued = ring.completed = record
+    assert reads == [1, 2, 3, 4, 4]  # 30 ms, then two cheap reads; 60 ms spent: paced by the share
 
 
 def test_a_rank_that_stops_progressing_publishes_where_it_stopped_at_once():
