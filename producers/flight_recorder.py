@@ -87,7 +87,7 @@ def _pending(status: dict[str, dict[str, int]]) -> set[str]:
 #: The most of one core the dumps taken only for freshness may use: each holds the GIL, so the
 #: training thread waits on it (docs/benchmarks.md, "Measurements behind the code").
 DUMP_CPU_SHARE = 0.002
-DUMP_ALLOWANCE_S = 0.05
+DUMP_ALLOWANCE_S = 0.01
 
 
 class FlightRecorderTap:

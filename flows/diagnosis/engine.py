@@ -22,6 +22,7 @@ import numpy as np
 from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.evidence import decide, siblings_of
 from rankstream.flows.diagnosis.findings import KINDS, Finding, blocks, verdict_of
+from rankstream.flows.diagnosis.published_stacks import BlockedCall
 from rankstream.flows.diagnosis.groups import Group
 from rankstream.flows.diagnosis.hang_findings import hang_findings, wait_graph
 from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
@@ -52,10 +53,10 @@ class Diagnosis:
 
 
 def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int],
-             clock_error_ns: int = 0, blocked_in: dict[int, str] | None = None) -> Diagnosis:
+             clock_error_ns: int = 0, blocked_in: dict[int, BlockedCall] | None = None) -> Diagnosis:
     """Findings for one run (see the module docstring). ``listed``: group name -> the ranks the
-    dumps list; ``dumped``: the ranks that left data; ``blocked_in``: ranks whose live stacks show
-    them blocked in a call the Flight Recorder does not record (``published_stacks``)."""
+    dumps list; ``dumped``: the ranks that left data; ``blocked_in``: the ``torch.distributed``
+    call each rank's current live stack shows it blocked in (``published_stacks``)."""
     run = Run(entries, listed, dumped)
     run.blocked_in = blocked_in or {}
     graph = wait_graph(run)

@@ -128,7 +128,9 @@ _WHAT = {
     "deadlock": lambda f: "wait for each other (deadlock)",
     "order_mismatch": lambda f: f"issued {f.actual['call']} before {_numbered(f, f.expected)}, the reverse of "
                                 f"{f.expected.get('order_of', _PEERS)} order (deadlock)",
-    "stuck_in_collective": lambda f: f"is stuck in {_numbered(f, f.actual)}, which its peers completed",
+    "stuck_in_collective": lambda f: (f"are stuck in {_numbered(f, f.actual)}, which their peers completed"
+                                      if len(f.culprit_ranks) > 1 else
+                                      f"is stuck in {_numbered(f, f.actual)}, which its peers completed"),
     "not_started": lambda f: f"enqueued {_call(f)} but never started it on the device",
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
     "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",

@@ -109,34 +109,82 @@ def hang_findings(run: Run, graph: WaitGraph, disagreements: list[Disagreement])
 
 def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
     """The remaining ranks others wait for in a call they never issued, with nothing to show that
-    they went past it (it is settled here). A rank whose live stack shows it blocked in a
-    point-to-point call waits for a peer: when one other such rank is not blocked so, that one is
-    what it waits for, and leads."""
-    found = {}
+    they went past it (it is settled here). Their live stacks (``published_stacks``), where
+    current, say more: a rank blocked in a point-to-point call waits for a peer (when one other
+    such rank is outside communication, that one leads); a rank inside the collective before the
+    one its peers wait in is stuck in it (gloo never marks an entry completed)."""
+    found, where = {}, {}
     for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
-        if sink not in settled and any(e.how == "absent" for e in graph.into(sink)):  # is elsewhere
-            found[sink] = _absent(run, graph, sink, [e for e in graph.into(sink) if e.how == "absent"])
+        absent = [e for e in graph.into(sink) if e.how == "absent"]
+        if sink not in settled and absent:  # is elsewhere
+            found[sink] = _absent(run, graph, sink, absent)
+            where[sink] = first_in_program(run, absent).waiter
             settled.add(sink)
     unrecorded = {sink: finding for sink, finding in found.items() if finding.kind == "skipped_collective"}
-    blocked = [sink for sink in unrecorded if sink in run.blocked_in]
-    free = [sink for sink in unrecorded if sink not in run.blocked_in]
+    blocked = {sink: run.blocked_in[sink] for sink in unrecorded if sink in run.blocked_in}
     for sink, finding in unrecorded.items():  # nothing shows it went past: it may be blocked in a call
         finding.inferred = True  # ranked after the findings with direct evidence
-        if sink in run.blocked_in:
-            finding.evidence.append(f"rank {sink}'s live stack shows it blocked in {run.blocked_in[sink]}, a "
+        if sink in blocked and blocked[sink].point_to_point:
+            finding.evidence.append(f"rank {sink}'s live stack shows it blocked in {blocked[sink]}, a "
                                     "point-to-point call the Flight Recorder does not record with gloo: it waits "
                                     "for a peer")
-        else:
+        elif sink not in blocked:
             finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
                                     "collectives or blocked in a call the Flight Recorder does not record "
                                     "(gloo's send/recv)")
-    if blocked and len(free) == 1:
+    waiting_on_peers = [sink for sink, call in blocked.items() if call.point_to_point]
+    free = [sink for sink in unrecorded if sink not in blocked]
+    if waiting_on_peers and len(free) == 1:
         lead = unrecorded[free[0]]
-        lead.waiting_ranks = sorted(set(lead.waiting_ranks) | set(blocked))
-        lead.evidence.append(f"{ranks_text(blocked)}, blocked in "
-                             + ("a point-to-point call, waits" if len(blocked) == 1 else "point-to-point calls, wait")
+        lead.waiting_ranks = sorted(set(lead.waiting_ranks) | set(waiting_on_peers))
+        lead.evidence.append(f"{ranks_text(waiting_on_peers)}, blocked in "
+                             + ("a point-to-point call, waits" if len(waiting_on_peers) == 1
+                                else "point-to-point calls, wait")
                              + f" for rank {free[0]}: no other rank absent from this call is outside communication")
+    inside = _still_inside(run, {sink: where[sink] for sink, call in blocked.items() if not call.point_to_point},
+                           blocked)
+    for (code, seq), ranks in inside.items():
+        for rank in ranks:
+            found.pop(rank)
+        found[min(ranks)] = _stuck_in_previous(run, graph, code, seq, ranks, blocked)
     return list(found.values())
+
+
+def _still_inside(run: Run, waited_at: dict[int, Position], blocked: dict) -> dict[tuple[int, int], list[int]]:
+    """(group code, seq) -> the ranks whose live stack shows them inside that call, the one before
+    the call their peers wait in, as their last entry of the group says (same function)."""
+    inside: dict[tuple[int, int], list[int]] = {}
+    for rank, position in sorted(waited_at.items()):
+        seqs = run.sequences[position.group]
+        last = seqs.last_seq().get(rank)
+        value = seqs.values_at(last).get(rank) if last is not None else None
+        described = run.describe(value) or {}
+        if last == position.seq - 1 and _same_function(described.get("op"), blocked[rank].function):
+            inside.setdefault((position.group, last), []).append(rank)
+    return inside
+
+
+def _same_function(op: str | None, function: str) -> bool:
+    """Whether a Flight Recorder op (``broadcast``, ``allreduce``, ``_allgather_base``) is what the
+    ``torch.distributed`` function of that name issues (``broadcast``, ``all_reduce``, ``all_gather_into_tensor``)."""
+    if not op:
+        return False
+    plain = op.replace("_", "").replace("base", "")
+    name = function.replace("_", "").replace("intotensor", "").replace("tensor", "").replace("single", "")
+    return bool(plain) and (plain in name or name in plain)
+
+
+def _stuck_in_previous(run: Run, graph: WaitGraph, code: int, seq: int, ranks: list[int], blocked: dict) -> Finding:
+    seqs = run.sequences[code]
+    value = seqs.values_at(seq)[ranks[0]]
+    past = sorted(rank for rank, last in seqs.last_seq().items() if last > seq and rank not in ranks)
+    return Finding(
+        kind="stuck_in_collective", culprit_ranks=ranks, group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=seq, expected=run.describe(value), actual=run.describe(value),
+        waiting_ranks=sorted(graph.upstream(set(ranks)) - set(ranks)), in_flight=True,
+        evidence=[f"rank {rank}'s live stack shows it inside {blocked[rank]}, its last call of {seqs.group.label} "
+                  f"(#{seq})" for rank in ranks]
+        + [f"{ranks_text(past)} went past #{seq}: for them it completed (gloo marks no entry completed)"])
 
 
 def _out_of_order(run: Run, cycle: list[int], positions: list[Position], *, graph: WaitGraph) -> Finding | None:

@@ -6,17 +6,23 @@ the Flight Recorder, so a rank blocked in ``dist.recv`` looks, from the entries 
 that went nowhere: both are absent from the call their peers wait in. Its stack tells them apart:
 blocked in a point-to-point call, it waits for a peer; the rank that stalled elsewhere is the one
 the others wait for (live probe 10 e03: a pipeline stage that stopped sending, and the next stage
-blocked in its receive, were two equal suspects and the headline went by rank order).
+blocked in its receive, were two equal suspects and the headline went by rank order). And gloo's
+entries never leave ``scheduled``, so a rank still inside a collective its peers completed (a
+broadcast whose ranks disagreed on its source) looks like one that never issued the next call;
+its stack shows it inside (probe 10 e05).
 
-A stack counts only while it is current: the rank's last heartbeat must report the same progress
-of its groups as when the stack was taken (a rank that moved on since says nothing by it).
+A stack counts only while it is current: the rank's last heartbeat must report the same calls
+enqueued in each group as when the stack was taken (a rank that issued a call since says nothing
+by it). A call that completed since does not count: a rank torn down from a hang reports its
+blocked call completed (with an error) on its way out.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-__all__ = ["STACK_SQL", "blocked_in_unrecorded_calls", "innermost_call"]
+__all__ = ["STACK_SQL", "BlockedCall", "calls_blocked_in", "innermost_call"]
 
 #: The newest stack a rank's tap published.
 STACK_SQL = """
@@ -39,34 +45,58 @@ SELECT rank, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM stacks LEFT 
 
 #: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with gloo.
 _POINT_TO_POINT = {"send", "recv", "send_object_list", "recv_object_list"}
+#: The module of torch's collective and point-to-point functions (its wrappers live beside it).
+_C10D = "torch/distributed/distributed_c10d.py"
 
 
-def innermost_call(frames: list[dict]) -> tuple[str, str] | None:
-    """``(function, "file:line, from caller:line")`` of the innermost ``torch.distributed``
-    point-to-point call on a stack (innermost frame first), or None."""
+@dataclass(frozen=True)
+class BlockedCall:
+    """The ``torch.distributed`` function a rank's live stack shows it inside."""
+
+    function: str
+    #: "distributed_c10d.py:2799, from train.py:37"
+    where: str
+
+    @property
+    def point_to_point(self) -> bool:
+        return self.function in _POINT_TO_POINT
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.where})"
+
+
+def innermost_call(frames: list[dict]) -> BlockedCall | None:
+    """The innermost ``torch.distributed`` collective or point-to-point function on a stack
+    (innermost frame first), with where it was called from; None when the stack is in none."""
     for i, frame in enumerate(frames):
         filename = str(frame.get("filename", "")).replace("\\", "/")
-        if "torch/distributed/" in filename and frame.get("name") in _POINT_TO_POINT:
+        if filename.endswith(_C10D) and not str(frame.get("name", "_")).startswith("_"):
             caller = next((f for f in frames[i + 1:] if "torch/distributed/" not in str(f.get("filename", ""))),
                           None)
             where = f"{filename.rsplit('/', 1)[-1]}:{frame.get('line')}"
             if caller is not None:
                 where += f", from {str(caller.get('filename', '')).rsplit('/', 1)[-1]}:{caller.get('line')}"
-            return str(frame["name"]), where
+            return BlockedCall(str(frame["name"]), where)
     return None
 
 
-def blocked_in_unrecorded_calls(database, run_id: str) -> dict[int, str]:
-    """rank -> "recv (distributed_c10d.py:2799, from train.py:37)" for the ranks whose current
-    stack shows them blocked in a point-to-point call."""
+def _enqueued(groups) -> dict | None:
+    """Per group, the last call enqueued (``groups`` as the tap reports progress)."""
+    if not isinstance(groups, dict):
+        return None
+    return {group: state.get("last_enqueued") if isinstance(state, dict) else None for group, state in groups.items()}
+
+
+def calls_blocked_in(database, run_id: str) -> dict[int, BlockedCall]:
+    """rank -> the ``torch.distributed`` call its current stack shows it blocked in."""
     found = {}
     for rank, args, claims in database.fetchall(_CURRENT_SQL, {"run": run_id}):
         try:
             published = json.loads(args or "{}")
-            current = claims is not None and json.loads(claims) == published.get("groups")
+            current = claims is not None and _enqueued(json.loads(claims)) == _enqueued(published.get("groups"))
         except ValueError:  # a malformed event says nothing
             continue
         call = innermost_call(published.get("frames") or []) if current else None
         if call is not None:
-            found[rank] = f"{call[0]} ({call[1]})"
+            found[rank] = call
     return found

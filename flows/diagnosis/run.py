@@ -29,8 +29,8 @@ class Run:
         self.p2p: Pairing = pair_p2p(entries)
         #: group code -> its role (``Group.role``): what sibling groups on other ranks share.
         self.roles = {code: group.role for code, group in self.groups.items()}
-        #: rank -> the unrecorded call its live stack shows it blocked in (``published_stacks``).
-        self.blocked_in: dict[int, str] = {}
+        #: rank -> the ``torch.distributed`` call its current live stack shows it blocked in.
+        self.blocked_in: dict = {}
 
     def describe(self, value: int | None) -> dict | None:
         if value is None:

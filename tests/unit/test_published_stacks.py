@@ -15,7 +15,7 @@ import pytest
 
 from rankstream.consumers.query import Database
 from rankstream.consumers.store import apply_schema
-from rankstream.flows.diagnosis.published_stacks import innermost_call
+from rankstream.flows.diagnosis.published_stacks import BlockedCall, innermost_call
 from rankstream.flows.diagnosis.report import diagnose_stored
 from tests.diagnosis.storing import store_dumps
 
@@ -27,20 +27,27 @@ RECV = [{"name": "recv", "filename": C10D, "line": 2799},
 SLEEP = [{"name": "<module>", "filename": "/job/train.py", "line": 41}]
 
 
-def _entry(record: int, seq: int) -> dict:
+BROADCAST = [{"name": "broadcast", "filename": C10D, "line": 3151}, RECV[1],
+             {"name": "<module>", "filename": "/job/train.py", "line": 41}]
+
+
+def _entry(record: int, seq: int, op: str = "all_reduce") -> dict:
     return {"record_id": record, "process_group": WORLD, "collective_seq_id": seq, "p2p_seq_id": 0,
-            "profiling_name": "gloo:all_reduce", "input_sizes": [[8]], "output_sizes": [[8]],
+            "profiling_name": f"gloo:{op}", "input_sizes": [[8]], "output_sizes": [[8]],
             "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled",
             "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
 
 
-def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset()):
+def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset(), ops: dict[int, str] = None):
     """Ranks 0 and 1 wait in world call #8; ranks 2 and 3 stopped after #7 with ``stacks``
-    published; a rank in ``moved_on`` made progress after its stack was taken."""
+    published; a rank in ``moved_on`` made progress after its stack was taken; ``ops``: the
+    collective each call number is (all_reduce otherwise)."""
     con = duckdb.connect()
     apply_schema(con)
     reached = {0: 8, 1: 8, 2: 7, 3: 7}
-    store_dumps(con, {rank: {"entries": [_entry(i, seq) for i, seq in enumerate(range(1, last + 1))],
+    ops = ops or {}
+    store_dumps(con, {rank: {"entries": [_entry(i, seq, ops.get(seq, "all_reduce"))
+                                         for i, seq in enumerate(range(1, last + 1))],
                              "pg_config": {WORLD[0]: {"name": WORLD[0], "desc": WORLD[1], "ranks": [0, 1, 2, 3]}}}
                       for rank, last in reached.items()})
     now = time.time_ns()
@@ -75,8 +82,27 @@ def test_a_stack_taken_before_the_rank_moved_on_says_nothing():
     assert result.root.culprit_ranks == [2] and 2 not in result.findings[1].waiting_ranks
 
 
-def test_only_torch_distributed_point_to_point_frames_count():
-    assert innermost_call(RECV) == ("recv", "distributed_c10d.py:2799, from train.py:37")
+def test_ranks_still_inside_a_broadcast_their_peers_completed_are_stuck_in_it():
+    """Live probe 10 e05: ranks 2 and 3 called broadcast #7 with another source than ranks 0 and
+    1; gloo let 2 and 3 finish it and wait in #8, while 0 and 1 stayed inside #7. gloo marks no
+    entry completed, so 0 and 1 looked like ranks that never issued #8, and rank 0 was named for
+    skipping it, "stalled outside collectives"."""
+    result = _diagnose({2: BROADCAST, 3: BROADCAST}, ops={7: "broadcast"})
+    root = result.root
+    assert (root.kind, root.culprit_ranks, root.seq, root.waiting_ranks) == ("stuck_in_collective", [2, 3], 7, [0, 1])
+    assert root.headline().startswith("ranks 2, 3 are stuck in broadcast #7, which their peers completed")
+    assert not any(f.kind == "skipped_collective" for f in result.findings)
+    assert not any("stalled outside" in line for f in result.findings for line in f.evidence)
+
+
+def test_a_stack_inside_another_collective_than_the_last_entry_is_no_evidence_of_being_stuck():
+    result = _diagnose({2: BROADCAST, 3: BROADCAST})  # their #7 is an all_reduce
+    assert result.root.kind == "skipped_collective"
+
+
+def test_only_torch_distributed_calls_count():
+    assert innermost_call(RECV) == BlockedCall("recv", "distributed_c10d.py:2799, from train.py:37")
+    assert innermost_call(RECV).point_to_point and not innermost_call(BROADCAST).point_to_point
     assert innermost_call(SLEEP) is None
     a_users_recv = [{"name": "recv", "filename": "/job/pipeline.py", "line": 3}]
     assert innermost_call(a_users_recv) is None
