@@ -128,7 +128,9 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
             finding.evidence.append(f"rank {sink}'s live stack shows it blocked in {blocked[sink]}, a "
                                     "point-to-point call the Flight Recorder does not record with gloo: it waits "
                                     "for a peer")
-        elif sink not in blocked:
+        elif sink in blocked:
+            finding.evidence.append(f"rank {sink}'s live stack shows it inside {blocked[sink]}")
+        else:
             finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
                                     "collectives or blocked in a call the Flight Recorder does not record "
                                     "(gloo's send/recv)")

@@ -98,6 +98,8 @@ def test_ranks_still_inside_a_broadcast_their_peers_completed_are_stuck_in_it():
 def test_a_stack_inside_another_collective_than_the_last_entry_is_no_evidence_of_being_stuck():
     result = _diagnose({2: BROADCAST, 3: BROADCAST})  # their #7 is an all_reduce
     assert result.root.kind == "skipped_collective"
+    assert "rank 2's live stack shows it inside broadcast (distributed_c10d.py:3151, from train.py:41)" \
+        in result.root.evidence
 
 
 def test_only_torch_distributed_calls_count():
