@@ -16,6 +16,7 @@ hang watch. In order:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -53,12 +54,11 @@ class Diagnosis:
 
 
 def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int],
-             clock_error_ns: int = 0, blocked_in: dict[int, BlockedCall] | None = None) -> Diagnosis:
+             clock_error_ns: int = 0, blocked_in: Callable[[], dict[int, BlockedCall]] | None = None) -> Diagnosis:
     """Findings for one run (see the module docstring). ``listed``: group name -> the ranks the
-    dumps list; ``dumped``: the ranks that left data; ``blocked_in``: the ``torch.distributed``
-    call each rank's current live stack shows it blocked in (``published_stacks``)."""
-    run = Run(entries, listed, dumped)
-    run.blocked_in = blocked_in or {}
+    dumps list; ``dumped``: the ranks that left data; ``blocked_in``: reads the ``torch.distributed``
+    call each rank's current live stack shows it blocked in (``published_stacks``), when needed."""
+    run = Run(entries, listed, dumped, stacks=blocked_in)
     graph = wait_graph(run)
     disagreements = _judged_disagreements(run, {(p.group, p.seq) for p in graph.waiting})
     findings = _mismatch_findings(run, disagreements, graph) + hang_findings(run, graph, disagreements)

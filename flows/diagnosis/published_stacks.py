@@ -24,18 +24,18 @@ from dataclasses import dataclass
 
 __all__ = ["STACK_SQL", "BlockedCall", "calls_blocked_in", "innermost_call"]
 
+#: The tap's events that carry a rank's stack.
+_STACK_EVENTS = "cat = 'rankstream' AND name IN ('idle_outside_collectives', 'stalled_in_collective')"
+
 #: The newest stack a rank's tap published.
-STACK_SQL = """
-SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND cat = 'rankstream'
-  AND name IN ('idle_outside_collectives', 'stalled_in_collective') ORDER BY ts_ns DESC LIMIT 1
+STACK_SQL = f"""
+SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND {_STACK_EVENTS} ORDER BY ts_ns DESC LIMIT 1
 """
 
 #: Per rank, the newest published stack and the groups' progress on its newest heartbeat.
-_CURRENT_SQL = """
+_CURRENT_SQL = f"""
 WITH stacks AS (
-    SELECT rank, arg_max(args, ts_ns) AS args FROM trace_events
-    WHERE run_id = $run AND cat = 'rankstream' AND name IN ('idle_outside_collectives', 'stalled_in_collective')
-    GROUP BY rank
+    SELECT rank, arg_max(args, ts_ns) AS args FROM trace_events WHERE run_id = $run AND {_STACK_EVENTS} GROUP BY rank
 ), claims AS (
     SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives
     FROM heartbeats WHERE run_id = $run GROUP BY rank

@@ -100,7 +100,7 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     dumped = [rank for rank in stored.dumped if rank not in dead or not live]
     clock_error_ns = max(clock_error_ns, stored.clock_error_ns)
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns,
-                      blocked_in=calls_blocked_in(database, run_id))
+                      blocked_in=lambda: calls_blocked_in(database, run_id))
     _name_the_dead(result, dead, endings)
     _cap(result, mismatch_cap)
     for finding in result.findings:

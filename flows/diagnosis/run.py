@@ -3,6 +3,9 @@ ranks' entries never say whether they finished, and how to describe a call."""
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import Callable
+
 import numpy as np
 
 from rankstream.flows.diagnosis.calls import Calls, collective_calls
@@ -17,7 +20,9 @@ __all__ = ["Run", "place_of"]
 class Run:
     """What the steps share: the entries, their calls, the groups and how to describe a call."""
 
-    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int]) -> None:
+    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int],
+                 stacks: Callable[[], dict] | None = None) -> None:
+        """``stacks``: reads what the ranks' live stacks show them blocked in (``blocked_in``)."""
         self.entries = entries
         self.groups, self.world = find_groups(entries, listed, dumped)
         self.dumped = set(dumped)
@@ -29,8 +34,14 @@ class Run:
         self.p2p: Pairing = pair_p2p(entries)
         #: group code -> its role (``Group.role``): what sibling groups on other ranks share.
         self.roles = {code: group.role for code, group in self.groups.items()}
-        #: rank -> the ``torch.distributed`` call its current live stack shows it blocked in.
-        self.blocked_in: dict = {}
+        self._stacks = stacks
+
+    @cached_property
+    def blocked_in(self) -> dict:
+        """rank -> the ``torch.distributed`` call its current live stack shows it blocked in
+        (``published_stacks.BlockedCall``); read only when a finding asks (a query of the run's
+        trace events, which a live watch pass need not pay for otherwise)."""
+        return self._stacks() if self._stacks else {}
 
     def describe(self, value: int | None) -> dict | None:
         if value is None:
