@@ -20,7 +20,7 @@ __all__ = ["Run", "place_of"]
 class Run:
     """What the steps share: the entries, their calls, the groups and how to describe a call."""
 
-    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int],
+    def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int], *,
                  stacks: Callable[[], dict] | None = None) -> None:
         """``stacks``: reads what the ranks' live stacks show them blocked in (``blocked_in``)."""
         self.entries = entries
