@@ -92,6 +92,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
     for run_id, ranks, last_ns, final, progressed_ns, ended in con.execute(ACTIVE_RUNS_SQL, {
             "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS, "grace": _ENDED_GRACE_NS}).fetchall():
         dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
+        over = {r for r, done in zip(ranks, final) if done}  # said goodbye: can no longer move
         moved = {r: p or 0 for r, p in zip(ranks, progressed_ns)}
         moving = not dead and not ended and all(moved[r] >= now_ns - stall_s * 1e9 for r in ranks)
         if moving and last_judged is not None and now_ns - last_judged.get(run_id, 0) < moving_every_s * 1e9:
@@ -116,7 +117,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             if ended and (finding.in_flight or finding.kind in WAIT_KINDS):
                 continue  # every rank said goodbye: nobody waits any more
             involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
-            settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved if r not in dead)
+            settled = all(moved.get(r, 0) < now_ns - stall_s * 1e9 for r in involved - dead - over)
             if (finding.in_flight or finding.kind == "dead_rank") and not settled:
                 continue
             if not finding.stack and finding.culprit_ranks:

@@ -15,6 +15,7 @@ from tests.diagnosis.fr_scenarios import scenarios
 from tests.diagnosis.storing import store_case
 
 CASE = next(c for c in scenarios() if c.name == "w8-tp2-dp4__skipped_collective__older__pickle__present")
+CRASH = next(c for c in scenarios() if c.name == "w8-tp2-dp4__missing_dump__inflight__gloo__absent__tp")
 SECOND = 10**9
 
 
@@ -134,3 +135,26 @@ def test_without_a_read_time_the_horizon_is_the_earliest_dump():
     from rankstream.flows.diagnosis.stored import live_horizon
 
     assert live_horizon(Database.over(con, "test"), "run", set()) == first_dump
+
+
+def test_a_dead_rank_is_named_without_waiting_for_its_peers_goodbyes_to_age():
+    """A rank killed mid-job stops heartbeating; gloo then fails its peers, whose last heartbeats
+    (their goodbyes, with the aborted call now marked completed) come a few seconds later. Those
+    ranks have ended: nothing of theirs can still move, so the death is named as soon as it is seen,
+    not once their goodbyes are ``stall_s`` old (seen live: the finding came 10-12 s after the kill)."""
+    now = time.time_ns()
+    con = duckdb.connect()
+    apply_schema(con)
+    store_case(con, CRASH, now_ns=now)
+    (culprit,) = CRASH.expected.culprits
+    con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) VALUES ('run', ?, 's', ?, false)",
+                [culprit, now - 6 * SECOND])  # its last heartbeat
+    for (rank,) in con.execute("SELECT DISTINCT rank FROM fr_entries WHERE rank <> ?", [culprit]).fetchall():
+        _claim(con, now, rank=rank, beyond=0)
+        goodbye = {pg: {**seqs, "last_completed": seqs["last_enqueued"] + 1} for pg, seqs in json.loads(
+            con.execute("SELECT collectives FROM heartbeats WHERE rank = ? LIMIT 1", [rank]).fetchall()[0][0]).items()}
+        con.execute("UPDATE heartbeats SET final = true, collectives = ? WHERE rank = ? AND sent_ns = ?",
+                    [json.dumps(goodbye), rank, now - SECOND // 2])
+    judged, found = watch_pass(con, now_ns=now)
+    assert judged == {"run"}
+    assert [(f.kind, f.culprit_ranks) for _, f in found][:1] == [("dead_rank", [culprit])]
