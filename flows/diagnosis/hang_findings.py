@@ -111,7 +111,7 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
     """The remaining ranks others wait for in a call they never issued, with nothing to show that
     they went past it (it is settled here). Their live stacks (``published_stacks``), where
     current, say more: a rank blocked in a point-to-point call waits for a peer (when one other
-    such rank is outside communication, that one leads); a rank inside the collective before the
+    such rank is outside communication, that one leads, and the blocked ones only wait for it); a rank inside the collective before the
     one its peers wait in is stuck in it (gloo never marks an entry completed)."""
     found, where = {}, {}
     for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
@@ -139,10 +139,10 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
     if waiting_on_peers and len(free) == 1:
         lead = unrecorded[free[0]]
         lead.waiting_ranks = sorted(set(lead.waiting_ranks) | set(waiting_on_peers))
-        lead.evidence.append(f"{ranks_text(waiting_on_peers)}, blocked in "
-                             + ("a point-to-point call, waits" if len(waiting_on_peers) == 1
-                                else "point-to-point calls, wait")
-                             + f" for rank {free[0]}: no other rank absent from this call is outside communication")
+        for sink in waiting_on_peers:  # explained by the lead: not a root cause of their own
+            lead.evidence.append(f"rank {sink}, blocked in {blocked[sink]}, waits for rank {free[0]}: no other rank "
+                                 "absent from this call is outside communication")
+            found.pop(sink)
     inside = _still_inside(run, {sink: where[sink] for sink, call in blocked.items() if not call.point_to_point},
                            blocked)
     for (code, seq), ranks in inside.items():

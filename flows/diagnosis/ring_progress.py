@@ -22,14 +22,17 @@ from dataclasses import dataclass, field
 __all__ = ["RingProgress", "ring_progress"]
 
 #: Per rank with entries or heartbeats: its newest heartbeat's claims and when they were read, its
-#: newest dump, and the last collective stored per group (keyed by ``pg_id``, as the claims are).
+#: newest dump, and the last collective stored per group (keyed by ``pg_id``, as the claims are), in
+#: the claims' numbering: gloo claims the ``op_id`` of its last recorded call, which also counts the
+#: send/recv it does not record; other backends claim the collective's sequence number.
 _PROGRESS_SQL = """
 WITH claimed AS (
     SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives,
            arg_max(collectives_read_ns, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS read_ns
     FROM heartbeats WHERE run_id = $run GROUP BY rank
 ), stored AS (
-    SELECT rank, pg_id::VARCHAR AS pg, max(collective_seq_id) AS seq, max(snapshot_ns) AS dumped_ns
+    SELECT rank, pg_id::VARCHAR AS pg, max(CASE WHEN profiling_name LIKE 'gloo:%' THEN coalesce(op_id, collective_seq_id)
+                                                ELSE collective_seq_id END) AS seq, max(snapshot_ns) AS dumped_ns
     FROM fr_entries WHERE run_id = $run GROUP BY ALL
 ), ranks AS (SELECT rank FROM claimed UNION SELECT rank FROM stored)
 SELECT rank, any_value(claimed.collectives), any_value(claimed.read_ns), max(stored.dumped_ns),
