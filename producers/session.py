@@ -209,7 +209,7 @@ class RankSession:
     # -- shutdown ---------------------------------------------------------------------------------
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Final FR snapshot, convert pending profiler windows, flush the producer. Idempotent."""
-        if self._closed:
+        if self._closed or os.getpid() != self.pid:  # a forked child's exit is not the rank's
             return
         self._closed = True
         self._stop.set()
@@ -230,6 +230,8 @@ class RankSession:
         the first call works; a later one returns False at once: it is a signal that came during
         the first (torchrun's SIGTERM while an exception's flush reads the ring), and the path that
         is flushing ends the process. Waiting for it there deadlocked the rank on the tap's lock."""
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): the rank's streams are not its own
+            return False
         if not self._exit_gate.acquire(blocking=False):  # taken once, never released; never waits
             return False
         try:
@@ -253,6 +255,7 @@ class RankSession:
         sys.excepthook = excepthook
         if threading.current_thread() is not threading.main_thread():
             return
+        _restore_signals_in_forked_children()
         watch = SignalWatch(self.emergency_flush)
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(signum)
@@ -267,12 +270,38 @@ class RankSession:
                     signal.signal(number, signal.SIG_DFL)
                     os.kill(os.getpid(), number)
 
+            handler.rankstream_previous = previous  # what a forked child goes back to
             try:
                 signal.signal(signum, handler)
             except (ValueError, OSError):
                 continue
             if signum == signal.SIGTERM and previous == signal.SIG_DFL:
                 watch.install()
+
+
+_fork_hook_registered = False
+
+
+def _restore_signals_in_forked_children() -> None:
+    """A forked child (a DataLoader worker, a pool's worker) is not the rank: its SIGTERM and SIGINT
+    do what they did before rankstream, so terminating it flushes nothing and ends only it."""
+    global _fork_hook_registered
+    if _fork_hook_registered:
+        return
+    _fork_hook_registered = True
+
+    def restore() -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(signum)
+            while hasattr(handler, "rankstream_previous"):
+                handler = handler.rankstream_previous
+            if handler is not None:  # None: set outside Python, nothing to go back to
+                try:
+                    signal.signal(signum, handler)
+                except (ValueError, OSError):  # forked from a thread that is not the main one
+                    pass
+
+    os.register_at_fork(after_in_child=restore)
 
 
 def process_groups_now() -> list[dict[str, Any]]:

@@ -11,6 +11,11 @@ process itself, with the exit status a shell gives a process SIGTERM ended (128 
 Only SIGTERM whose handler before rankstream's was the default is watched: that is the case where
 rankstream changed what the signal does. The watch is not installed when another wakeup fd is set
 (an asyncio loop's): it stays theirs.
+
+A forked child (a DataLoader worker, a multiprocessing pool's worker) inherits the wakeup fd: the
+SIGTERM that ends the child would write into the parent's socket, and the parent, whose own handler
+never ran, would end itself two seconds later. So a child drops the wakeup fd at once (seen in the
+test suite: a process pool's workers, terminated, ended the process that forked them with 143).
 """
 
 from __future__ import annotations
@@ -59,8 +64,21 @@ class SignalWatch:
             writer.close()
             return False
         self._sockets = (reader, writer)  # kept open for the life of the process
+        os.register_at_fork(after_in_child=self._forget_in_child)
         threading.Thread(target=self._watch, args=(reader,), name="rankstream-signals", daemon=True).start()
         return True
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: the wakeup fd and the socket pair are the parent's, not this process's."""
+        reader, writer = self._sockets
+        try:
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, writer.fileno()):  # another's, set since: it stays
+                signal.set_wakeup_fd(current)
+        except (ValueError, OSError):  # forked from a thread that is not the main one: nothing to undo
+            pass
+        reader.close()
+        writer.close()
 
     def _watch(self, reader: socket.socket) -> None:
         while True:

@@ -57,3 +57,42 @@ def test_a_sigterm_during_an_exception_s_flush_does_not_hang_the_rank(tmp_path):
     assert "ValueError: bad batch" in done.stderr, done.stderr
     assert lasted < 20, f"the rank took {lasted:.0f} s to end"  # behavioural bound: it hung for good before
     assert done.returncode == 1, done.stderr  # the exception's own exit, once its flush is done
+
+
+FORKED = textwrap.dedent("""
+    import multiprocessing, signal, sys, time
+    from rankstream.producers.producer import Producer
+    from rankstream.producers.session import RankSession
+    from rankstream.schemas.settings import LaunchEnvironment, load_config
+    from tests.doubles import MemoryBus, MemoryTransport
+
+    def worker(report):
+        report.put(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        time.sleep(60)
+
+    config = load_config({"db_path": "{db}", "state_dir": "{state}", "topic_prefix": "fork"}, env={})
+    launch = LaunchEnvironment(rank=0, world_size=1, local_rank=0, node_rank=0, local_world_size=1,
+                               run_id=None, master=None)
+    producer = Producer(run_id="fork", rank=0, world_size=1, config=config, transport=MemoryTransport(MemoryBus()))
+    session = RankSession(run_id="fork", rank=0, world_size=1, config=config, launch=launch, fr_tap=False,
+                          clock_sync=False, producer=producer)
+    context = multiprocessing.get_context("fork")
+    report = context.Queue()
+    child = context.Process(target=worker, args=(report,))
+    child.start()
+    print("child default:", report.get(timeout=20))
+    child.terminate()  # SIGTERM, as a DataLoader or a pool ends a worker that does not stop
+    child.join()
+    time.sleep(4)  # past the signal watch's grace
+    print("parent alive")
+""")
+
+
+def test_terminating_a_forked_worker_neither_ends_nor_flushes_the_rank(tmp_path):
+    """A forked child inherited the signal watch's wakeup fd and rankstream's SIGTERM handler: its
+    own SIGTERM wrote into the parent's socket, and the parent, whose handler never ran, ended
+    itself with 143 two seconds later (seen in the test suite, a process pool's workers)."""
+    script = FORKED.replace("{db}", str(tmp_path / "db.duckdb")).replace("{state}", str(tmp_path / "state"))
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "child default: True" in done.stdout and "parent alive" in done.stdout, done.stdout
