@@ -255,7 +255,6 @@ class RankSession:
         sys.excepthook = excepthook
         if threading.current_thread() is not threading.main_thread():
             return
-        _restore_signals_in_forked_children()
         watch = SignalWatch(self.emergency_flush)
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(signum)
@@ -279,29 +278,21 @@ class RankSession:
                 watch.install()
 
 
-_fork_hook_registered = False
+def _signals_as_before_rankstream() -> None:
+    """In a forked child (a DataLoader worker, a pool's worker), which is not the rank: its SIGTERM
+    and SIGINT do what they did before rankstream, so terminating it flushes nothing and ends only it."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        handler = installed = signal.getsignal(signum)
+        while hasattr(handler, "rankstream_previous"):
+            handler = handler.rankstream_previous
+        if handler is not installed and handler is not None:  # None: set outside Python, nothing to go back to
+            try:
+                signal.signal(signum, handler)
+            except (ValueError, OSError):  # forked from a thread that is not the main one
+                pass
 
 
-def _restore_signals_in_forked_children() -> None:
-    """A forked child (a DataLoader worker, a pool's worker) is not the rank: its SIGTERM and SIGINT
-    do what they did before rankstream, so terminating it flushes nothing and ends only it."""
-    global _fork_hook_registered
-    if _fork_hook_registered:
-        return
-    _fork_hook_registered = True
-
-    def restore() -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            handler = signal.getsignal(signum)
-            while hasattr(handler, "rankstream_previous"):
-                handler = handler.rankstream_previous
-            if handler is not None:  # None: set outside Python, nothing to go back to
-                try:
-                    signal.signal(signum, handler)
-                except (ValueError, OSError):  # forked from a thread that is not the main one
-                    pass
-
-    os.register_at_fork(after_in_child=restore)
+os.register_at_fork(after_in_child=_signals_as_before_rankstream)
 
 
 def process_groups_now() -> list[dict[str, Any]]:

@@ -111,8 +111,9 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
     """The remaining ranks others wait for in a call they never issued, with nothing to show that
     they went past it (it is settled here). Their live stacks (``published_stacks``), where
     current, say more: a rank blocked in a point-to-point call waits for a peer (when one other
-    such rank is outside communication, that one leads, and the blocked ones only wait for it); a rank inside the collective before the
-    one its peers wait in is stuck in it (gloo never marks an entry completed)."""
+    such rank is outside communication, that one leads, and the blocked ones only wait for it); a
+    rank inside the collective before the one its peers wait in is stuck in it (gloo never marks an
+    entry completed)."""
     found, where = {}, {}
     for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
         absent = [e for e in graph.into(sink) if e.how == "absent"]

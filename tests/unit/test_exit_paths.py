@@ -17,12 +17,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = textwrap.dedent("""
-    import os, signal, threading, time
+#: Rank 0's session in the script's own process, with its hooks, on the in-memory bus.
+SESSION = textwrap.dedent("""
     from rankstream.producers.producer import Producer
     from rankstream.producers.session import RankSession
     from rankstream.schemas.settings import LaunchEnvironment, load_config
     from tests.doubles import MemoryBus, MemoryTransport
+
+    def rank_session(db, state):
+        config = load_config({"db_path": db, "state_dir": state, "topic_prefix": "exit"}, env={})
+        launch = LaunchEnvironment(rank=0, world_size=2, local_rank=0, node_rank=0, local_world_size=2,
+                                   run_id=None, master=None)
+        producer = Producer(run_id="exit", rank=0, world_size=2, config=config,
+                            transport=MemoryTransport(MemoryBus()))
+        return RankSession(run_id="exit", rank=0, world_size=2, config=config, launch=launch, fr_tap=False,
+                           clock_sync=False, producer=producer)
+""")
+
+
+def _run_script(script: str, tmp_path) -> subprocess.CompletedProcess:
+    script = SESSION + script.replace("{db}", str(tmp_path / "db.duckdb")).replace("{state}", str(tmp_path / "state"))
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, threading, time
 
     class RingReadDuringTeardown:
         '''A tap whose full read takes a while, and the launcher's SIGTERM arrives during it.'''
@@ -38,21 +57,15 @@ SCRIPT = textwrap.dedent("""
         def stop(self, final_snapshot=False):
             pass
 
-    config = load_config({"db_path": "{db}", "state_dir": "{state}", "topic_prefix": "exit"}, env={})
-    launch = LaunchEnvironment(rank=0, world_size=2, local_rank=0, node_rank=0, local_world_size=2,
-                               run_id=None, master=None)
-    producer = Producer(run_id="exit", rank=0, world_size=2, config=config, transport=MemoryTransport(MemoryBus()))
-    session = RankSession(run_id="exit", rank=0, world_size=2, config=config, launch=launch, fr_tap=False,
-                          clock_sync=False, producer=producer)
+    session = rank_session("{db}", "{state}")
     session.tap = RingReadDuringTeardown()
     raise ValueError("bad batch")
 """)
 
 
 def test_a_sigterm_during_an_exception_s_flush_does_not_hang_the_rank(tmp_path):
-    script = SCRIPT.replace("{db}", str(tmp_path / "db.duckdb")).replace("{state}", str(tmp_path / "state"))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = _run_script(SCRIPT, tmp_path)
     lasted = time.monotonic() - started
     assert "ValueError: bad batch" in done.stderr, done.stderr
     assert lasted < 20, f"the rank took {lasted:.0f} s to end"  # behavioural bound: it hung for good before
@@ -61,21 +74,12 @@ def test_a_sigterm_during_an_exception_s_flush_does_not_hang_the_rank(tmp_path):
 
 FORKED = textwrap.dedent("""
     import multiprocessing, signal, sys, time
-    from rankstream.producers.producer import Producer
-    from rankstream.producers.session import RankSession
-    from rankstream.schemas.settings import LaunchEnvironment, load_config
-    from tests.doubles import MemoryBus, MemoryTransport
 
     def worker(report):
         report.put(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
         time.sleep(60)
 
-    config = load_config({"db_path": "{db}", "state_dir": "{state}", "topic_prefix": "fork"}, env={})
-    launch = LaunchEnvironment(rank=0, world_size=1, local_rank=0, node_rank=0, local_world_size=1,
-                               run_id=None, master=None)
-    producer = Producer(run_id="fork", rank=0, world_size=1, config=config, transport=MemoryTransport(MemoryBus()))
-    session = RankSession(run_id="fork", rank=0, world_size=1, config=config, launch=launch, fr_tap=False,
-                          clock_sync=False, producer=producer)
+    session = rank_session("{db}", "{state}")
     context = multiprocessing.get_context("fork")
     report = context.Queue()
     child = context.Process(target=worker, args=(report,))
@@ -92,7 +96,6 @@ def test_terminating_a_forked_worker_neither_ends_nor_flushes_the_rank(tmp_path)
     """A forked child inherited the signal watch's wakeup fd and rankstream's SIGTERM handler: its
     own SIGTERM wrote into the parent's socket, and the parent, whose handler never ran, ended
     itself with 143 two seconds later (seen in the test suite, a process pool's workers)."""
-    script = FORKED.replace("{db}", str(tmp_path / "db.duckdb")).replace("{state}", str(tmp_path / "state"))
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = _run_script(FORKED, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "child default: True" in done.stdout and "parent alive" in done.stdout, done.stdout
