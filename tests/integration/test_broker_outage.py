@@ -13,7 +13,7 @@ from rankstream.producers.producer import Producer
 
 from .conftest import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timed]
 
 
 def emit_steps(producer, label, steps, per_step=1_000):

@@ -153,6 +153,7 @@ def test_materializer_killed_mid_batch_ends_exact_after_restart(kafka_config, tm
     assert batches == distinct_batches
 
 
+@pytest.mark.timed
 def test_sql_is_live_while_the_materializer_holds_the_file(kafka_config):
     config = kafka_config(materializer_memory_mb=96)
     env = {**os.environ, **config_env(config)}

@@ -19,7 +19,7 @@ from rankstream.schemas.settings import config_env
 
 from .conftest import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timed]
 
 #: How long a rank waits in a collective before gloo gives up (then every rank dumps its ring).
 TIMEOUT_S = 14

@@ -135,10 +135,11 @@ def test_one_stalled_step_among_ten_million_shows(browser, tmp_path):
 
 
 LIVE_JOB = """
-import time
+import os, sys, time
 import rankstream
 rankstream.init(run_id="RUN", rank=0, world_size=1)
-for _ in range(30):
+deadline = time.monotonic() + 120
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:  # steps until the test says stop
     rankstream.step()
     time.sleep(0.25)
 rankstream.shutdown()
@@ -148,7 +149,8 @@ rankstream.shutdown()
 def test_watch_rewrites_a_self_reloading_page_while_the_run_is_live_then_stops(live, tmp_path):
     run_id = f"w-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, **config_env(live)}
-    job = subprocess.Popen([sys.executable, "-c", LIVE_JOB.replace("RUN", run_id)], env=env)
+    stop = tmp_path / "stop"
+    job = subprocess.Popen([sys.executable, "-c", LIVE_JOB.replace("RUN", run_id), str(stop)], env=env)
     database, deadline = connect(live.db_path), time.monotonic() + 30
     while time.monotonic() < deadline and not database.fetchall(
             "SELECT count(*) FROM heartbeats WHERE run_id = ?", [run_id])[0][0]:
@@ -156,8 +158,11 @@ def test_watch_rewrites_a_self_reloading_page_while_the_run_is_live_then_stops(l
     out = tmp_path / "live.html"
     watch = subprocess.Popen([sys.executable, "-m", "rankstream", "report", "--run", run_id, "--html", "-o", str(out),
                               "--watch", "1", "--no-refresh"], env=env, stdout=subprocess.PIPE, text=True)
-    time.sleep(3)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not out.exists():
+        time.sleep(0.2)
     assert b"http-equiv=refresh content=\"1\"" in out.read_bytes()  # the page reloads itself while live
+    stop.touch()
     job.wait(60)
     said, _ = watch.communicate(timeout=120)  # the run ended: the watch writes once more and stops
     assert watch.returncode == 0

@@ -69,6 +69,7 @@ def test_the_job_exit_code_is_returned_and_nothing_captured_is_said(make_config)
     assert "nothing was captured" in result.stdout
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("stall_in", ["sleep", "all_gather"])
 def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config, stall_in):
     """``sleep``: the stalled rank sleeps, its peer waits in the all_reduce; it is named within 10 s.
@@ -118,6 +119,7 @@ def _processes_with(tag: str, *, also: str = "") -> list[int]:
     return found
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("death, ended", [("exit", "without a word"),
                                            ("raise", "on uncaught ValueError: bad batch on rank 1 at step 5")])
 def test_a_rank_that_dies_is_named_as_the_crash_not_as_a_skip(make_config, death, ended):
@@ -265,6 +267,7 @@ def test_two_nodes_on_one_broker_make_one_run(make_config, tmp_path):
         cli(head, "down", check=False)
 
 
+@pytest.mark.timed
 def test_dump_on_hang_writes_every_rank_s_dump_and_stacks(make_config):
     config = make_config(broker_port=free_port(), partitions=2)
     command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "dump", "--no-profile", "--",

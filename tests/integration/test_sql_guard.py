@@ -84,6 +84,7 @@ def test_a_file_no_materializer_holds_is_read_the_same_way(tmp_path):
         assert connection.execute("SELECT count(*) FROM trace_events").fetchall() == [(10,)]
 
 
+@pytest.mark.timed
 def test_a_query_past_its_timeout_stops_with_a_clear_error(stored):
     started = time.monotonic()
     done = cli(stored, "sql", "--timeout", "1", LONG, check=False)
@@ -91,6 +92,7 @@ def test_a_query_past_its_timeout_stops_with_a_clear_error(stored):
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.timed
 def test_a_query_whose_client_died_stops_in_the_materializer(stored):
     from rankstream.services import materializer_pid
 

@@ -94,6 +94,7 @@ def running_job(live, tmp_path, **overrides):
             process.join()
 
 
+@pytest.mark.timed
 def test_a_hung_ranks_entries_appear_while_it_is_hung(live, tmp_path):
     with running_job(live, tmp_path, fault="hang", fault_rank=1, steps=6, collective_timeout_s=60) as (
             spec, processes, database):
@@ -115,6 +116,7 @@ def test_a_hung_ranks_entries_appear_while_it_is_hung(live, tmp_path):
         assert [r for r, _ in beats] == [0, 1]
 
 
+@pytest.mark.timed
 def test_live_finding_for_a_rank_stuck_outside_collectives(live, tmp_path):
     """Rank 2 stops before the gradient all-reduce (a stuck data loader): its peers wait in it. The
     watch names rank 2 within 10 s while the job is still hung, with the stack rank 2 published."""

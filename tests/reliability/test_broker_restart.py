@@ -21,6 +21,7 @@ from rankstream.schemas.settings import config_env, load_config
 from rankstream.deploy.broker import broker_status, stop_broker
 from rankstream.services import start_embedded_broker
 from rankstream.producers.producer import Producer
+from rankstream.consumers.materializer import materializer_lag, status_path
 from rankstream.demo.synthetic import SyntheticJob, run_synthetic_rank
 
 from ..conftest import free_port
@@ -52,7 +53,10 @@ def test_a_broker_restart_mid_run_loses_and_repeats_nothing(tmp_path):
     materializer = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--no-serve-sql"],
                                     env={**os.environ, **config_env(config)},
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    job = SyntheticJob("restarted", world_size=2, steps=120, events_per_step=500)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and materializer_lag(config) is None:  # until it reads the bus
+        time.sleep(0.2)
+    job = SyntheticJob("restarted", world_size=2, steps=200, events_per_step=500)
     emitted = [0] * job.world_size
     stats = [None] * job.world_size
 
@@ -79,10 +83,7 @@ def test_a_broker_restart_mid_run_loses_and_repeats_nothing(tmp_path):
         deadline, status = time.monotonic() + 60, {}
         while time.monotonic() < deadline:
             time.sleep(2.0)
-            status_file = config.state_dir / "materializer.json"
-            if not status_file.exists():  # not written yet: the materializer may still be connecting
-                continue
-            status = json.loads(status_file.read_text())
+            status = json.loads(status_path(config).read_text())
             if status["events"] >= total and status.get("lag_messages") == 0:
                 break
         materializer.send_signal(signal.SIGTERM)

@@ -100,6 +100,7 @@ def test_a_pickle_bomb_is_refused_in_one_line(tmp_path, command):
     assert result.returncode == 2 and len(lines) == 1 and "rank_0" in lines[0] and "expand" in lines[0], result.stderr
 
 
+@pytest.mark.timed
 def test_reading_a_pickle_bomb_stops_within_a_second_and_100_mb(tmp_path):
     """Measured in a fresh interpreter: the time and the peak memory the read itself adds."""
     path = tmp_path / "rank_0"
