@@ -144,11 +144,28 @@ def counter(name: str, values: Mapping[str, float], cat: str = "user_counter") -
 
 def step(number: int | None = None) -> int | None:
     """Mark the start of a training step (the next one, or ``number``); returns the step."""
+    return _mark_step(number, None)
+
+
+#: Carried by the marks ``rankstream run`` sets after each optimizer step (see ``after_optimizer_step``).
+AFTER_OPTIMIZER = {"marked_by": "optimizer"}
+
+
+def after_optimizer_step() -> int | None:
+    """``rankstream run``'s mark, set when an iteration's optimizer step is done: the next step
+    starts here. Unlike a mark at the top of the loop, it says nothing of where the step it opens
+    ends: after the last one come the job's teardown or a hang, so ``run_steps`` gives that step an
+    end only when another mark follows."""
+    return _mark_step(None, AFTER_OPTIMIZER)
+
+
+def _mark_step(number: int | None, args: Mapping[str, Any] | None) -> int | None:
     s = _session
     if s is None:
         return None
     s.step = number if number is not None else (0 if s.step is None else s.step + 1)
-    s.producer.emit("step", "step", "i", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(), step=s.step)
+    s.producer.emit("step", "step", "i", ts_ns=time.time_ns(), dur_ns=0, pid=s.pid, tid=_get_tid(), step=s.step,
+                    flow_id=None, correlation_id=None, args=args)
     s.on_step()  # a window `rankstream profile` asked for opens, advances or closes here
     return s.step
 

@@ -131,8 +131,13 @@ def start_rank():
         session.other_profiler_busy = lambda: profiler.current_action != torch.profiler.ProfilerAction.NONE
         atexit.register(_stop_profiler, profiler)  # runs before the session's own exit hook (registered earlier)
 
+    # Iteration k ends at the k-th optimizer step, where step k + 1 starts: the numbers match the
+    # profiler's ProfilerStep#k. Step 0's start is not seen (it is not a step time), but its events
+    # carry its number.
+    session.step = 0
+
     def on_iteration() -> None:
-        api.step()
+        api.after_optimizer_step()
         if profiler is not None and not session.windows.active:  # one profiler at a time: a requested window first
             profiler.step()
 

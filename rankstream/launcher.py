@@ -321,7 +321,7 @@ class _Watch:
             self.say(f"  rank {row['rank']}: {row['steps']} steps, p50 {row['p50_ms']:,.1f} ms, "
                      f"p99 {row['p99_ms']:,.1f} ms, max {row['max_ms']:,.1f} ms")
         if not data["steps"]:
-            self.say("  no step times: the job stepped no optimizer and was not profiled")
+            self.say("  no step times: the job stepped its optimizer fewer than twice and was not profiled")
         report_path = self.run_dir / "report.txt"
         with open(report_path, "w") as out:
             from rich.console import Console

@@ -103,14 +103,18 @@ FROM run_own_intervals(run) r LEFT JOIN rank_offsets(run) o USING (rank);
 
 CREATE OR REPLACE MACRO run_steps(run) AS TABLE
 WITH markers AS (
-    SELECT rank, step, min(ts_ns) AS start_ns FROM trace_events
+    SELECT rank, step, min(ts_ns) AS start_ns,
+           coalesce(bool_or(args->>'$.marked_by' = 'optimizer'), false) AS after_optimizer
+    FROM trace_events
     WHERE run_id = run AND ph = 'i' AND cat = 'step' AND name = 'step' AND step IS NOT NULL GROUP BY ALL
-), step_ends AS (
+), step_ends AS (  -- a step's last work: rankstream's own records (marks, exit, clock failures) are not work
     SELECT rank, step, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events
-    WHERE run_id = run AND step IS NOT NULL GROUP BY ALL
-), marked AS (
+    WHERE run_id = run AND step IS NOT NULL AND cat NOT IN ('step', 'rankstream') GROUP BY ALL
+), marked AS (  -- a step ends where the next starts; the last one at its last work, unless a mark set
+                -- after an optimizer step opened it (teardown or a hang follows: no step time)
     SELECT m.rank, m.step, m.start_ns,
-           coalesce(lead(m.start_ns) OVER (PARTITION BY m.rank ORDER BY m.start_ns), e.last_ns) AS end_ns
+           coalesce(lead(m.start_ns) OVER (PARTITION BY m.rank ORDER BY m.start_ns),
+                    CASE WHEN NOT m.after_optimizer THEN e.last_ns END) AS end_ns
     FROM markers m LEFT JOIN step_ends e USING (rank, step)
 ), profiled AS (
     SELECT rank, TRY_CAST(substr(name, 14) AS BIGINT) AS step, min(ts_ns) AS start_ns,

@@ -54,8 +54,18 @@ def test_an_unmodified_script_is_captured_on_every_rank(make_config):
                                    "GROUP BY rank", [run_id]).fetchall())
         entries = dict(db.execute("SELECT rank, count(*) FROM fr_entries WHERE run_id = ? GROUP BY rank",
                                   [run_id]).fetchall())
+        numbers = db.execute("SELECT list(DISTINCT step ORDER BY step) FROM trace_events WHERE run_id = ? "
+                             "AND cat = 'step'", [run_id]).fetchall()[0][0]
+        # each ProfilerStep#k starts at the mark of step k, not at a neighbour's
+        nearest = db.execute("""
+            SELECT p.rank, p.name, m.step FROM trace_events p ASOF JOIN trace_events m
+                ON p.rank = m.rank AND m.run_id = p.run_id AND m.cat = 'step' AND p.ts_ns >= m.ts_ns
+            WHERE p.run_id = ? AND p.name LIKE 'ProfilerStep#%'""", [run_id]).fetchall()
     assert marks == {0: 20, 1: 20}  # one mark per optimizer step, under the id `run` printed
-    assert re.search(r"rank 1: 1[89] steps", result.stdout), result.stdout
+    assert numbers == list(range(1, 21))  # the mark after iteration k starts step k + 1
+    assert nearest and all(name == f"ProfilerStep#{step}" for _, name, step in nearest), nearest
+    # iterations 1 to 19: iteration 0's start is unseen, and what follows the last mark is teardown
+    assert re.search(r"rank 1: 19 steps", result.stdout), result.stdout
     assert set(profiled) == {0, 1} and min(profiled.values()) > 0
     assert set(entries) == {0, 1} and min(entries.values()) >= 20
     assert (config.state_dir / "runs" / run_id / "report.txt").exists()

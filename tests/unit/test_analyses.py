@@ -92,6 +92,25 @@ def test_step_trace_splits_each_step_into_its_phases_and_finds_the_slow_rank(db)
     assert slowest[0]["rank"] == built.slow_rank and slowest[0]["times_slowest"] == built.steps
 
 
+def test_the_last_step_ends_at_its_last_work_and_never_when_an_optimizer_mark_opened_it(db):
+    """Rank 0's marks come from `run`'s optimizer hook: its last step is teardown (or a hang), with
+    no end. Rank 1 marks the top of its loop: its last step ends at its last span, not at the exit
+    record that came 10 s later."""
+    built = build_run(db, world_size=2, steps=3, slow_rank=None)
+    con = duckdb.connect(str(db))
+    con.execute("""UPDATE trace_events SET args = '{"marked_by": "optimizer"}' WHERE rank = 0 AND cat = 'step'""")
+    last_work = dict(con.execute("SELECT rank, max(ts_ns + dur_ns) FROM trace_events WHERE step = 2 GROUP BY rank")
+                     .fetchall())
+    for rank, end in last_work.items():
+        con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, dur_ns, pid, tid, step) "
+                    "VALUES (?, ?, 'process_exit', 'rankstream', 'i', ?, 0, ?, 0, 2)",
+                    [built.run_id, rank, end + 10_000 * MS, 100 + rank])
+    con.close()
+    steps = rows(db, "SELECT rank, step, end_ns FROM run_steps(?) ORDER BY rank, step", [built.run_id])
+    assert [(s["rank"], s["step"]) for s in steps] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    assert steps[-1]["end_ns"] == last_work[1]
+
+
 def test_unmatched_begin_is_closed_at_the_ranks_last_event_and_flagged(db):
     built = build_run(db, world_size=2, steps=2)
     con = duckdb.connect(str(db))
