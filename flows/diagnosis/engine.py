@@ -23,7 +23,7 @@ import numpy as np
 from rankstream.flows.diagnosis.entries import Entries
 from rankstream.flows.diagnosis.evidence import decide, siblings_of
 from rankstream.flows.diagnosis.findings import KINDS, Finding, blocks, verdict_of
-from rankstream.flows.diagnosis.published_stacks import BlockedCall
+from rankstream.flows.diagnosis.published_stacks import BlockedCall, OutsideCommunication
 from rankstream.flows.diagnosis.groups import Group
 from rankstream.flows.diagnosis.hang_findings import hang_findings, wait_graph
 from rankstream.flows.diagnosis.matching import Disagreement, classify, first_disagreements
@@ -54,11 +54,12 @@ class Diagnosis:
 
 
 def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int],
-             clock_error_ns: int = 0, blocked_in: Callable[[], dict[int, BlockedCall]] | None = None) -> Diagnosis:
+             clock_error_ns: int = 0,
+             places: Callable[[], dict[int, BlockedCall | OutsideCommunication]] | None = None) -> Diagnosis:
     """Findings for one run (see the module docstring). ``listed``: group name -> the ranks the
-    dumps list; ``dumped``: the ranks that left data; ``blocked_in``: reads the ``torch.distributed``
-    call each rank's current live stack shows it blocked in (``published_stacks``), when needed."""
-    run = Run(entries, listed, dumped, stacks=blocked_in)
+    dumps list; ``dumped``: the ranks that left data; ``places``: reads where each rank's current
+    live stack shows it (``published_stacks``), when needed."""
+    run = Run(entries, listed, dumped, places=places)
     graph = wait_graph(run)
     disagreements = _judged_disagreements(run, {(p.group, p.seq) for p in graph.waiting})
     findings = _mismatch_findings(run, disagreements, graph) + hang_findings(run, graph, disagreements)

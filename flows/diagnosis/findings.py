@@ -133,7 +133,9 @@ _WHAT = {
                                       f"is stuck in {_numbered(f, f.actual)}, which its peers completed"),
     "not_started": lambda f: f"enqueued {_call(f)} but never started it on the device",
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
-    "skipped_collective": lambda f: f"skipped {_numbered(f, f.expected)}",
+    "skipped_collective": lambda f: (f"never reached {_numbered(f, f.expected)} (stalled at {f.actual['stalled_at']})"
+                                     if isinstance(f.actual, dict) and f.actual.get("stalled_at")
+                                     else f"skipped {_numbered(f, f.expected)}"),
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
     "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",
     "size_mismatch": lambda f: f"used other tensor sizes in {_numbered(f, f.expected)}",

@@ -131,6 +131,11 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
                                     "for a peer")
         elif sink in blocked:
             finding.evidence.append(f"rank {sink}'s live stack shows it inside {blocked[sink]}")
+        elif sink in run.outside_communication:
+            place = run.outside_communication[sink]
+            finding.actual = {"stalled_at": str(place)}
+            finding.evidence.append(f"rank {sink}'s live stack shows it at {place}, outside communication: it has "
+                                    "not reached the call")
         else:
             finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
                                     "collectives or blocked in a call the Flight Recorder does not record "

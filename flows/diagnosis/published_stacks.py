@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["STACK_SQL", "BlockedCall", "calls_blocked_in", "innermost_call"]
+__all__ = ["STACK_SQL", "BlockedCall", "OutsideCommunication", "current_places", "innermost_call", "place_outside"]
 
 #: The tap's events that carry a rank's stack.
 _STACK_EVENTS = "cat = 'rankstream' AND name IN ('idle_outside_collectives', 'stalled_in_collective')"
@@ -65,6 +65,40 @@ class BlockedCall:
         return f"{self.function} ({self.where})"
 
 
+@dataclass(frozen=True)
+class OutsideCommunication:
+    """A current live stack in no ``torch.distributed`` function: the rank is in its own code (a
+    data loader, a checkpoint, a sleep), short of the call its peers wait in."""
+
+    #: "train.py:41 in load_batch", or "queue.py:171 in get, from train.py:41" when the innermost
+    #: frame is a library's
+    where: str
+
+    def __str__(self) -> str:
+        return self.where
+
+
+#: Path parts of frames that are not the job's own code.
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+
+
+def place_outside(frames: list[dict]) -> OutsideCommunication | None:
+    """Where a stack in no ``torch.distributed`` function is: its innermost frame, and the job's
+    own frame that led there (None for an empty stack)."""
+    if not frames:
+        return None
+
+    def at(frame: dict) -> str:
+        return f"{str(frame.get('filename', '?')).replace(chr(92), '/').rsplit('/', 1)[-1]}:{frame.get('line')}"
+
+    innermost = frames[0]
+    where = f"{at(innermost)} in {innermost.get('name', '?')}"
+    own = next((f for f in frames if not any(part in str(f.get("filename", "")) for part in _LIBRARY)), None)
+    if own is not None and own is not innermost:
+        where += f", from {at(own)}"
+    return OutsideCommunication(where)
+
+
 def innermost_call(frames: list[dict]) -> BlockedCall | None:
     """The innermost ``torch.distributed`` collective or point-to-point function on a stack
     (innermost frame first), with where it was called from; None when the stack is in none."""
@@ -87,8 +121,9 @@ def _enqueued(groups) -> dict | None:
     return {group: state.get("last_enqueued") if isinstance(state, dict) else None for group, state in groups.items()}
 
 
-def calls_blocked_in(database, run_id: str) -> dict[int, BlockedCall]:
-    """rank -> the ``torch.distributed`` call its current stack shows it blocked in."""
+def current_places(database, run_id: str) -> dict[int, BlockedCall | OutsideCommunication]:
+    """rank -> where its current stack shows it: blocked in a ``torch.distributed`` call, or
+    outside communication."""
     found = {}
     for rank, args, claims in database.fetchall(_CURRENT_SQL, {"run": run_id}):
         try:
@@ -96,7 +131,8 @@ def calls_blocked_in(database, run_id: str) -> dict[int, BlockedCall]:
             current = claims is not None and _enqueued(json.loads(claims)) == _enqueued(published.get("groups"))
         except ValueError:  # a malformed event says nothing
             continue
-        call = innermost_call(published.get("frames") or []) if current else None
-        if call is not None:
-            found[rank] = call
+        frames = published.get("frames") or [] if current else []
+        place = innermost_call(frames) or place_outside(frames)
+        if place is not None:
+            found[rank] = place
     return found

@@ -17,7 +17,7 @@ from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import WENT_NOWHERE
 from rankstream.flows.diagnosis.loader import load_directory, stack_at
-from rankstream.flows.diagnosis.published_stacks import calls_blocked_in
+from rankstream.flows.diagnosis.published_stacks import current_places
 from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
 from rankstream.schemas.errors import BadInput
@@ -100,7 +100,7 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     dumped = [rank for rank in stored.dumped if rank not in dead or not live]
     clock_error_ns = max(clock_error_ns, stored.clock_error_ns)
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns,
-                      blocked_in=lambda: calls_blocked_in(database, run_id))
+                      places=lambda: current_places(database, run_id))
     _name_the_dead(result, dead, endings)
     _cap(result, mismatch_cap)
     for finding in result.findings:

@@ -12,6 +12,7 @@ from rankstream.flows.diagnosis.calls import Calls, collective_calls
 from rankstream.flows.diagnosis.entries import Entries, fold_close_states
 from rankstream.flows.diagnosis.groups import Group, find_groups
 from rankstream.flows.diagnosis.p2p import Pairing, mark_batch_closes, pair_p2p
+from rankstream.flows.diagnosis.published_stacks import BlockedCall, OutsideCommunication
 from rankstream.flows.diagnosis.sequences import GroupSequences, split_by_group
 
 __all__ = ["Run", "place_of"]
@@ -21,8 +22,8 @@ class Run:
     """What the steps share: the entries, their calls, the groups and how to describe a call."""
 
     def __init__(self, entries: Entries, listed: dict[str, list[int]], dumped: list[int], *,
-                 stacks: Callable[[], dict] | None = None) -> None:
-        """``stacks``: reads what the ranks' live stacks show them blocked in (``blocked_in``)."""
+                 places: Callable[[], dict] | None = None) -> None:
+        """``places``: reads where the ranks' current live stacks show them (``published_stacks``)."""
         self.entries = entries
         self.groups, self.world = find_groups(entries, listed, dumped)
         self.dumped = set(dumped)
@@ -34,14 +35,24 @@ class Run:
         self.p2p: Pairing = pair_p2p(entries)
         #: group code -> its role (``Group.role``): what sibling groups on other ranks share.
         self.roles = {code: group.role for code, group in self.groups.items()}
-        self._stacks = stacks
+        self._places = places
 
     @cached_property
+    def places(self) -> dict:
+        """rank -> where its current live stack shows it (``published_stacks``); read only when a
+        finding asks (a query of the run's trace events, which a live watch pass need not pay for
+        otherwise)."""
+        return self._places() if self._places else {}
+
+    @property
     def blocked_in(self) -> dict:
-        """rank -> the ``torch.distributed`` call its current live stack shows it blocked in
-        (``published_stacks.BlockedCall``); read only when a finding asks (a query of the run's
-        trace events, which a live watch pass need not pay for otherwise)."""
-        return self._stacks() if self._stacks else {}
+        """rank -> the ``torch.distributed`` call its current live stack shows it blocked in."""
+        return {rank: place for rank, place in self.places.items() if isinstance(place, BlockedCall)}
+
+    @property
+    def outside_communication(self) -> dict:
+        """rank -> where its current live stack shows it in its own code, in no ``torch.distributed`` call."""
+        return {rank: place for rank, place in self.places.items() if isinstance(place, OutsideCommunication)}
 
     def describe(self, value: int | None) -> dict | None:
         if value is None:

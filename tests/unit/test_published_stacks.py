@@ -15,7 +15,12 @@ import pytest
 
 from rankstream.consumers.query import Database
 from rankstream.consumers.store import apply_schema
-from rankstream.flows.diagnosis.published_stacks import BlockedCall, innermost_call
+from rankstream.flows.diagnosis.published_stacks import (
+    BlockedCall,
+    OutsideCommunication,
+    innermost_call,
+    place_outside,
+)
 from rankstream.flows.diagnosis.report import diagnose_stored
 from tests.diagnosis.storing import store_dumps
 
@@ -71,6 +76,15 @@ def test_the_rank_blocked_in_recv_waits_for_the_one_that_stalled_outside_communi
     assert not any(f.culprit_ranks == [receiving] for f in result.findings)  # it only waits
     assert any(f"rank {receiving}, blocked in recv (distributed_c10d.py:2799, from train.py:37), waits for rank "
                f"{stalled}" in line for line in result.root.evidence)
+    # it stopped short of the call, at a place its stack shows: it did not skip it (live probe 11)
+    assert result.root.headline().startswith(
+        f"rank {stalled} never reached all_reduce #8 (stalled at train.py:41 in <module>) in group")
+
+
+def test_without_a_current_stack_the_rank_is_said_to_have_skipped_the_call():
+    result = _diagnose({2: SLEEP}, moved_on={2})
+    assert result.root.headline().startswith("rank 2 skipped all_reduce #8 in group")
+    assert result.root.actual is None
 
 
 def test_a_stack_taken_before_the_rank_moved_on_says_nothing():
@@ -109,3 +123,13 @@ def test_only_torch_distributed_calls_count():
     assert innermost_call(SLEEP) is None
     a_users_recv = [{"name": "recv", "filename": "/job/pipeline.py", "line": 3}]
     assert innermost_call(a_users_recv) is None
+
+
+def test_a_stack_outside_communication_names_its_innermost_frame_and_the_jobs_own():
+    assert place_outside(SLEEP) == OutsideCommunication("train.py:41 in <module>")
+    loader = [{"name": "get", "filename": "/usr/lib/python3.11/queue.py", "line": 171},
+              {"name": "_next_data", "filename": "/venv/lib/python3.12/site-packages/torch/utils/data/dataloader.py",
+               "line": 1300},
+              {"name": "train_rank", "filename": "/job/train.py", "line": 20}]
+    assert str(place_outside(loader)) == "queue.py:171 in get, from train.py:20"
+    assert place_outside([]) is None
