@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import signal
+import statistics
 import subprocess
 import time
 import uuid
@@ -58,6 +59,24 @@ SELECT rank, max(step) AS step, (max(ts_ns) - min(ts_ns)) / nullif(count(*) - 1,
        max(ts_ns) AS last_ns
 FROM marks GROUP BY rank ORDER BY rank
 """
+
+
+#: A rank is named the slowest only when its recent steps take this much longer than the median
+#: rank's: in a synchronous job every rank's step lasts as long as the slowest one's, and naming
+#: whichever rank measured a few microseconds more made the name wander from line to line.
+SLOWER_BY = 1.10
+
+
+def pace(recent_step_ms: dict[int, float | None]) -> str:
+    """The status line's step times: the slowest rank when it stands out, else the common pace."""
+    timed = {rank: ms for rank, ms in recent_step_ms.items() if ms is not None}
+    if not timed:
+        return ""
+    typical = statistics.median(timed.values())
+    rank, slowest = max(timed.items(), key=lambda item: (item[1], -item[0]))
+    if slowest > typical * SLOWER_BY:
+        return f", slowest rank {rank} ({slowest:,.1f} ms/step, median rank {typical:,.1f})"
+    return f", {typical:,.1f} ms/step, ranks even"
 
 
 @dataclass(frozen=True)
@@ -256,12 +275,9 @@ class _Watch:
         if not rows:
             return f"rankstream: {self.run_id}: no step yet" + lag
         steps = [row["step"] for row in rows]
-        timed = [row for row in rows if row["recent_step_ms"] is not None]
-        slowest = max(timed, key=lambda row: row["recent_step_ms"], default=None)
         text = (f"rankstream: {self.run_id}: {len(rows)} ranks at step {min(steps)}"
-                + (f"-{max(steps)}" if max(steps) != min(steps) else ""))
-        if slowest is not None:
-            text += f", slowest rank {slowest['rank']} ({slowest['recent_step_ms']:,.1f} ms/step)"
+                + (f"-{max(steps)}" if max(steps) != min(steps) else "")
+                + pace({row["rank"]: row["recent_step_ms"] for row in rows}))
         quiet_s = (time.time_ns() - max(row["last_ns"] for row in rows)) / 1e9
         if quiet_s > 2 * self.options.status_every_s:
             text += f", no new step for {quiet_s:,.0f} s"

@@ -11,7 +11,7 @@ import pytest
 
 from rankstream.autostart import IterationMarks
 from rankstream.cli.app import hoist_global_options
-from rankstream.launcher import BOOTSTRAP_DIR, new_run_id
+from rankstream.launcher import BOOTSTRAP_DIR, new_run_id, pace
 from rankstream.producers.profiler import periodic_windows
 from rankstream.producers.session import resolve_identity
 from rankstream.schemas.settings import (
@@ -35,6 +35,13 @@ def test_one_mark_per_iteration_whatever_the_number_of_optimizers():
     assert _marks([a] * 5) == 5
     assert _marks([a, b] * 4) == 4
     assert _marks([a, b, a, b, c, b, c, b]) == 4  # a replaced by c from the third iteration on
+
+
+def test_the_status_line_names_a_slowest_rank_only_when_it_stands_out():
+    # a synchronous job: every rank steps at the slowest one's pace, a few microseconds apart
+    assert pace({0: 27.51, 1: 27.49, 2: 27.52, 3: 27.50}) == ", 27.5 ms/step, ranks even"
+    assert pace({0: 20.0, 1: 20.5, 2: 31.0, 3: 19.8}) == ", slowest rank 2 (31.0 ms/step, median rank 20.2)"
+    assert pace({0: None, 1: None}) == ""
 
 
 def test_windows_come_after_ten_steps_then_every_n():
