@@ -39,7 +39,10 @@ test: setup browser
 	exit $$rc
 
 test-unit: setup
-	$(PY) -m pytest -q -n 2 -m "not integration" tests
+	@rc=0; \
+	$(PY) -m pytest -q -n 2 -m "not integration and not timed" tests || rc=$$?; \
+	$(PY) -m pytest -q -m "timed and not integration" tests || rc=$$?; \
+	exit $$rc
 
 test-integration: setup
 	$(PY) -m pytest -q -m integration tests

@@ -157,7 +157,7 @@ _STEP_KERNELS_SQL = f"""
 WITH launches AS ({_LAUNCH_TIMES}
 ), steps AS (
     SELECT s.rank, s.step, s.start_ns + coalesce(o.offset_ns, 0) AS start_ns, s.end_ns + coalesce(o.offset_ns, 0) AS end_ns
-    FROM run_steps($run) s LEFT JOIN rank_offsets($run) o USING (rank)
+    FROM run_steps($run) s LEFT JOIN rank_offsets($run) o USING (rank) WHERE s.finished
 ), kernels AS (
     SELECT g.rank, g.kernel_type = 'COMMUNICATION' AS is_comm, g.start_ns, g.end_ns, l.launch_ns
     FROM _hta_events g LEFT JOIN launches l USING (rank, correlation)

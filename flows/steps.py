@@ -35,7 +35,7 @@ _OPS = ", ".join(f"'{c}'" for c in (*WORK_CATEGORIES, "python_function"))
 STEP_TRACE_SQL = f"""
 INSERT INTO step_trace
 WITH steps AS (
-    SELECT * FROM run_steps($run)
+    SELECT rank, step, start_ns, end_ns FROM run_steps($run) WHERE finished  -- an open step has no step time
 ), names AS MATERIALIZED (  -- classify each distinct name once, not every event (MATERIALIZED keeps
                            -- the optimizer from pushing the regex below the DISTINCT)
     SELECT name, event_phase(name) AS phase FROM (SELECT DISTINCT name FROM trace_events WHERE run_id = $run)

@@ -26,7 +26,9 @@ nearly free (docs/benchmarks.md has the figures). So every ``interval_s`` the ta
 4. when a collective looks stuck, also publishes the training thread's live Python stack
    (``sys._current_frames``, which never blocks) as a ``stalled_in_collective`` event; when none
    of its groups has moved for a few ticks (a rank stuck outside collectives, the one its peers
-   wait for), as an ``idle_outside_collectives`` event.
+   wait for), as an ``idle_outside_collectives`` event, and again each time the stack moves while
+   no group does (gloo's send/recv move no group: a rank that went from its data loader into a
+   blocking receive would otherwise stay, by its one stack, at the loader).
 
 Stack frames per entry come from the final snapshot (shutdown, uncaught exception, SIGTERM/SIGINT),
 fetched on a helper thread with a timeout: during a hung gloo collective that dump blocks until the
@@ -120,6 +122,8 @@ class FlightRecorderTap:
         self._budget_at = time.monotonic()
         self._stall_reported: dict[str, int] = {}
         self._idle_ticks = 0
+        self._idle_where: tuple | None = None  # the stack last published as idle, as code and line per frame
+        self._exiting = False  # set by the exit paths' reads: the training thread's stack is no longer its own
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,6 +137,7 @@ class FlightRecorderTap:
         self._thread.start()
 
     def stop(self, final_snapshot: bool = True) -> None:
+        self._exiting = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -147,6 +152,8 @@ class FlightRecorderTap:
         """One tick (see the module docstring); returns entries published. Never raises. ``full``:
         read the whole ring whatever the schedule says (a process about to die: the calls its
         peers will wait in were enqueued since the last full read)."""
+        if final or full:  # only the exit paths ask for these
+            self._exiting = True
         with self._lock:
             try:
                 return self._tick(final, full)
@@ -165,15 +172,22 @@ class FlightRecorderTap:
             self._producer.set_collectives(status)
         stuck = _pending(status) & _pending(previous) if status == previous else set()
         self._idle_ticks = self._idle_ticks + 1 if status and status == previous else 0
+        if not self._idle_ticks:
+            self._idle_where = None
         published = 0
         if final or full or self._full_dump_due(stuck):
             started = time.thread_time()
             published = self._publish(parse_dump(self._dumps.entries(), "the Flight Recorder's ring", entries=False))
             self._dump_budget -= time.thread_time() - started  # the dump, its parse and diff
-        if stuck:
+        if self._exiting:
+            pass  # the training thread runs rankstream's way out (a flush, the final read): not where the rank was
+        elif stuck:
             self._report_stall(stuck)
-        elif self._idle_ticks == _IDLE_TICKS:  # no group moved for a while: say where the rank is
-            self._report_stack("idle_outside_collectives", {"groups": status})
+        elif self._idle_ticks >= _IDLE_TICKS:  # no group moved for a while: say where the rank is
+            where = self._main_thread_at()
+            if where != self._idle_where:
+                self._idle_where = where
+                self._report_stack("idle_outside_collectives", {"groups": status})
         if final:
             raw = _call_with_timeout(self._dumps.entries_with_frames, timeout_s=2.0)
             if raw:
@@ -247,6 +261,14 @@ class FlightRecorderTap:
         for group in fresh:
             self._stall_reported[group] = self._status[group].get("last_enqueued")
         self._report_stack("stalled_in_collective", {"groups": {g: self._status[g] for g in sorted(fresh)}})
+
+    def _main_thread_at(self) -> tuple:
+        """The training thread's stack as (code, line) per frame: cheap to take every tick."""
+        frame, where = sys._current_frames().get(self._main_thread), []
+        while frame is not None and len(where) < 40:
+            where.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
+        return tuple(where)
 
     def _report_stack(self, name: str, args: dict) -> None:
         """Publish the training thread's live Python stack (innermost frame first)."""

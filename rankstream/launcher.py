@@ -61,22 +61,22 @@ FROM marks GROUP BY rank ORDER BY rank
 """
 
 
-#: A rank is named the slowest only when its recent steps take this much longer than the median
-#: rank's: in a synchronous job every rank's step lasts as long as the slowest one's, and naming
-#: whichever rank measured a few microseconds more made the name wander from line to line.
+#: A rank is named the slowest only when its recent steps take this much longer than the other
+#: ranks' median: in a synchronous job every rank's step lasts as long as the slowest one's, and
+#: naming whichever rank measured a few microseconds more made the name wander from line to line.
 SLOWER_BY = 1.10
 
 
 def pace(recent_step_ms: dict[int, float | None]) -> str:
     """The status line's step times: the slowest rank when it stands out, else the common pace."""
     timed = {rank: ms for rank, ms in recent_step_ms.items() if ms is not None}
-    if not timed:
-        return ""
-    typical = statistics.median(timed.values())
+    if len(timed) < 2:
+        return "".join(f", {ms:,.1f} ms/step" for ms in timed.values())
     rank, slowest = max(timed.items(), key=lambda item: (item[1], -item[0]))
-    if slowest > typical * SLOWER_BY:
-        return f", slowest rank {rank} ({slowest:,.1f} ms/step, median rank {typical:,.1f})"
-    return f", {typical:,.1f} ms/step, ranks even"
+    others = statistics.median(ms for other, ms in timed.items() if other != rank)
+    if slowest > others * SLOWER_BY:
+        return f", slowest rank {rank} ({slowest:,.1f} ms/step, the others {others:,.1f})"
+    return f", {statistics.median(timed.values()):,.1f} ms/step, ranks even"
 
 
 @dataclass(frozen=True)

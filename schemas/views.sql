@@ -110,24 +110,28 @@ WITH markers AS (
 ), step_ends AS (  -- a step's last work: rankstream's own records (marks, exit, clock failures) are not work
     SELECT rank, step, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events
     WHERE run_id = run AND step IS NOT NULL AND cat NOT IN ('step', 'rankstream') GROUP BY ALL
+), rank_ends AS (
+    SELECT rank, max(ts_ns + coalesce(dur_ns, 0)) AS last_ns FROM trace_events WHERE run_id = run GROUP BY rank
 ), marked AS (  -- a step ends where the next starts; the last one at its last work, unless a mark set
-                -- after an optimizer step opened it (teardown or a hang follows: no step time)
+                -- after an optimizer step opened it: teardown or a hang follows, an open step (not
+                -- finished) that runs to the rank's last event, for timelines, and has no step time
     SELECT m.rank, m.step, m.start_ns,
-           coalesce(lead(m.start_ns) OVER (PARTITION BY m.rank ORDER BY m.start_ns),
-                    CASE WHEN NOT m.after_optimizer THEN e.last_ns END) AS end_ns
-    FROM markers m LEFT JOIN step_ends e USING (rank, step)
+           coalesce(lead(m.start_ns) OVER w, CASE WHEN m.after_optimizer THEN r.last_ns ELSE e.last_ns END) AS end_ns,
+           lead(m.start_ns) OVER w IS NOT NULL OR NOT m.after_optimizer AS finished
+    FROM markers m LEFT JOIN step_ends e USING (rank, step) LEFT JOIN rank_ends r USING (rank)
+    WINDOW w AS (PARTITION BY m.rank ORDER BY m.start_ns)
 ), profiled AS (
     SELECT rank, TRY_CAST(substr(name, 14) AS BIGINT) AS step, min(ts_ns) AS start_ns,
            max(ts_ns + dur_ns) AS end_ns
     FROM trace_events WHERE run_id = run AND ph = 'X' AND name LIKE 'ProfilerStep#%' GROUP BY ALL
 ), raw AS (
-    SELECT rank, step, start_ns, end_ns, 'markers' AS source FROM marked WHERE end_ns > start_ns
+    SELECT rank, step, start_ns, end_ns, 'markers' AS source, finished FROM marked WHERE end_ns > start_ns
     UNION ALL
-    SELECT rank, step, start_ns, end_ns, 'profiler' FROM profiled
+    SELECT rank, step, start_ns, end_ns, 'profiler', true FROM profiled
     WHERE step IS NOT NULL AND rank NOT IN (SELECT rank FROM markers)
 )
 SELECT r.rank, r.step, r.start_ns - coalesce(o.offset_ns, 0) AS start_ns, r.end_ns - coalesce(o.offset_ns, 0) AS end_ns,
-       r.source
+       r.source, r.finished
 FROM raw r LEFT JOIN rank_offsets(run) o USING (rank);
 
 CREATE OR REPLACE MACRO run_fr_calls(run) AS TABLE

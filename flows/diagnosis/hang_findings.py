@@ -27,11 +27,13 @@ from rankstream.flows.diagnosis.waits import (Edge, Position, WaitGraph, build_w
                                               gone_past_first_call, gone_past_transfer, late_for, program_between,
                                               transfer_out_of_program, waiting_positions)
 
-__all__ = ["wait_graph", "hang_findings", "WENT_NOWHERE"]
+__all__ = ["wait_graph", "hang_findings", "WENT_NOWHERE", "STALLED_OUTSIDE"]
 
 #: How the evidence line begins that guesses where a rank went when nothing shows it (a rank known
 #: to have died went nowhere: the line is dropped then).
 WENT_NOWHERE = "nothing shows where rank"
+#: How the evidence of a rank whose live stack is in its own code begins (a dead rank's drops it).
+STALLED_OUTSIDE = "the live stack shows rank"
 
 
 def wait_graph(run: Run) -> WaitGraph:
@@ -131,11 +133,11 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
                                     "for a peer")
         elif sink in blocked:
             finding.evidence.append(f"rank {sink}'s live stack shows it inside {blocked[sink]}")
-        elif sink in run.outside_communication:
+        elif sink in run.outside_communication and _short_of(run, finding, where[sink]):
             place = run.outside_communication[sink]
             finding.actual = {"stalled_at": str(place)}
-            finding.evidence.append(f"rank {sink}'s live stack shows it at {place}, outside communication: it has "
-                                    "not reached the call")
+            finding.evidence.append(f"{STALLED_OUTSIDE} {sink} at {place}, outside communication: it has not "
+                                    "reached the call")
         else:
             finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
                                     "collectives or blocked in a call the Flight Recorder does not record "
@@ -156,6 +158,13 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
             found.pop(rank)
         found[min(ranks)] = _stuck_in_previous(run, graph, code, seq, ranks, blocked)
     return list(found.values())
+
+
+def _short_of(run: Run, finding: Finding, waited_at: Position) -> bool:
+    """Whether the finding is about the very call its peers wait in, by a rank whose own entries
+    show it never went past it: not a call that the rank's program left earlier (``seq_range``, a
+    moved ``seq``), nor a rank without a dump that its peers saw in a later call."""
+    return finding.seq == waited_at.seq and finding.seq_range is None and finding.culprit_ranks[0] in run.dumped
 
 
 def _still_inside(run: Run, waited_at: dict[int, Position], blocked: dict) -> dict[tuple[int, int], list[int]]:

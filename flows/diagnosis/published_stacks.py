@@ -32,15 +32,17 @@ STACK_SQL = f"""
 SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND {_STACK_EVENTS} ORDER BY ts_ns DESC LIMIT 1
 """
 
-#: Per rank, the newest published stack and the groups' progress on its newest heartbeat.
+#: Per rank, the newest published stack (and why the tap took it) and the groups' progress on its
+#: newest heartbeat.
 _CURRENT_SQL = f"""
 WITH stacks AS (
-    SELECT rank, arg_max(args, ts_ns) AS args FROM trace_events WHERE run_id = $run AND {_STACK_EVENTS} GROUP BY rank
+    SELECT rank, arg_max(args, ts_ns) AS args, arg_max(name, ts_ns) AS name FROM trace_events
+    WHERE run_id = $run AND {_STACK_EVENTS} GROUP BY rank
 ), claims AS (
     SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives
     FROM heartbeats WHERE run_id = $run GROUP BY rank
 )
-SELECT rank, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM stacks LEFT JOIN claims USING (rank)
+SELECT rank, stacks.name, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM stacks LEFT JOIN claims USING (rank)
 """
 
 #: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with gloo.
@@ -80,12 +82,17 @@ class OutsideCommunication:
 
 #: Path parts of frames that are not the job's own code.
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+#: torch code that communicates outside ``distributed_c10d``'s public functions: a request's
+#: ``wait()`` (isend/irecv, pipelining schedules), DDP, FSDP, functional collectives, store barriers.
+_COMMUNICATING = ("torch/distributed/", "torch/nn/parallel/")
 
 
 def place_outside(frames: list[dict]) -> OutsideCommunication | None:
     """Where a stack in no ``torch.distributed`` function is: its innermost frame, and the job's
-    own frame that led there (None for an empty stack)."""
-    if not frames:
+    own frame that led there. None for an empty stack, and for one in torch code that may be
+    communicating (``_COMMUNICATING``): that rank may wait for a peer."""
+    paths = [str(frame.get("filename", "")).replace("\\", "/") for frame in frames]
+    if not frames or any(part in path for path in paths for part in _COMMUNICATING):
         return None
 
     def at(frame: dict) -> str:
@@ -125,14 +132,16 @@ def current_places(database, run_id: str) -> dict[int, BlockedCall | OutsideComm
     """rank -> where its current stack shows it: blocked in a ``torch.distributed`` call, or
     outside communication."""
     found = {}
-    for rank, args, claims in database.fetchall(_CURRENT_SQL, {"run": run_id}):
+    for rank, reason, args, claims in database.fetchall(_CURRENT_SQL, {"run": run_id}):
         try:
             published = json.loads(args or "{}")
             current = claims is not None and _enqueued(json.loads(claims)) == _enqueued(published.get("groups"))
         except ValueError:  # a malformed event says nothing
             continue
         frames = published.get("frames") or [] if current else []
-        place = innermost_call(frames) or place_outside(frames)
+        place = innermost_call(frames)
+        if place is None and reason == "idle_outside_collectives":  # the tap saw no collective pending
+            place = place_outside(frames)
         if place is not None:
             found[rank] = place
     return found

@@ -15,7 +15,7 @@ from pathlib import Path
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose
 from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import Finding, ranks_text
-from rankstream.flows.diagnosis.hang_findings import WENT_NOWHERE
+from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
 from rankstream.flows.diagnosis.loader import load_directory, stack_at
 from rankstream.flows.diagnosis.published_stacks import current_places
 from rankstream.flows.diagnosis.ring_progress import RingProgress
@@ -121,7 +121,8 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
             finding.actual = {"ended": endings.described(finding.culprit_ranks[0]) if endings else None}
             finding.evidence = (endings.evidence if endings else [
                 f"{ranks_text(finding.culprit_ranks)} stopped sending heartbeats"]) + [
-                line for line in finding.evidence if not line.startswith(WENT_NOWHERE)]  # it died: known
+                line for line in finding.evidence
+                if not line.startswith((WENT_NOWHERE, STALLED_OUTSIDE))]  # it died: known
     if endings is None or not endings.dead:
         return
     named = [finding for finding in result.findings if finding.kind == "dead_rank"]

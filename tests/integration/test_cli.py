@@ -61,6 +61,7 @@ def test_up_query_status_down(make_config):
     assert "materializer" in stopped and "embedded broker" in stopped
 
 
+@pytest.mark.timed
 def test_unreachable_broker_gets_one_clear_retrying_line(make_config):
     config = make_config(broker_port=free_port())
     process = subprocess.Popen([sys.executable, "-m", "rankstream", "consume"],

@@ -106,9 +106,14 @@ def test_the_last_step_ends_at_its_last_work_and_never_when_an_optimizer_mark_op
                     "VALUES (?, ?, 'process_exit', 'rankstream', 'i', ?, 0, ?, 0, 2)",
                     [built.run_id, rank, end + 10_000 * MS, 100 + rank])
     con.close()
-    steps = rows(db, "SELECT rank, step, end_ns FROM run_steps(?) ORDER BY rank, step", [built.run_id])
-    assert [(s["rank"], s["step"]) for s in steps] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    steps = rows(db, "SELECT rank, step, end_ns, finished FROM run_steps(?) ORDER BY rank, step", [built.run_id])
+    assert [(s["rank"], s["step"], s["finished"]) for s in steps] == [
+        (0, 0, True), (0, 1, True), (0, 2, False), (1, 0, True), (1, 1, True), (1, 2, True)]
+    assert steps[2]["end_ns"] == last_work[0] + 10_000 * MS  # open: to the rank's last event, for timelines
     assert steps[-1]["end_ns"] == last_work[1]
+    analyze_steps(db, built.run_id)
+    timed = rows(db, "SELECT rank, step FROM step_trace WHERE run_id = ? ORDER BY rank, step", [built.run_id])
+    assert [(s["rank"], s["step"]) for s in timed] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
 
 
 def test_unmatched_begin_is_closed_at_the_ranks_last_event_and_flagged(db):

@@ -40,7 +40,9 @@ def test_one_mark_per_iteration_whatever_the_number_of_optimizers():
 def test_the_status_line_names_a_slowest_rank_only_when_it_stands_out():
     # a synchronous job: every rank steps at the slowest one's pace, a few microseconds apart
     assert pace({0: 27.51, 1: 27.49, 2: 27.52, 3: 27.50}) == ", 27.5 ms/step, ranks even"
-    assert pace({0: 20.0, 1: 20.5, 2: 31.0, 3: 19.8}) == ", slowest rank 2 (31.0 ms/step, median rank 20.2)"
+    assert pace({0: 20.0, 1: 20.5, 2: 31.0, 3: 19.8}) == ", slowest rank 2 (31.0 ms/step, the others 20.0)"
+    assert pace({0: 20.0, 1: 23.0}) == ", slowest rank 1 (23.0 ms/step, the others 20.0)"  # 2 ranks: 10% is 10%
+    assert pace({0: 20.0, 1: None}) == ", 20.0 ms/step"
     assert pace({0: None, 1: None}) == ""
 
 

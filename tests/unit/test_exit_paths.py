@@ -37,7 +37,7 @@ SESSION = textwrap.dedent("""
 
 def _run_script(script: str, tmp_path) -> subprocess.CompletedProcess:
     script = SESSION + script.replace("{db}", str(tmp_path / "db.duckdb")).replace("{state}", str(tmp_path / "state"))
-    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 
 SCRIPT = textwrap.dedent("""
@@ -68,7 +68,8 @@ def test_a_sigterm_during_an_exception_s_flush_does_not_hang_the_rank(tmp_path):
     done = _run_script(SCRIPT, tmp_path)
     lasted = time.monotonic() - started
     assert "ValueError: bad batch" in done.stderr, done.stderr
-    assert lasted < 20, f"the rank took {lasted:.0f} s to end"  # behavioural bound: it hung for good before
+    # it hung for good before; it takes 1-2 s alone, 24 s was seen beside another test worker
+    assert lasted < 120, f"the rank took {lasted:.0f} s to end"
     assert done.returncode == 1, done.stderr  # the exception's own exit, once its flush is done
 
 

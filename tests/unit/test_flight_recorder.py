@@ -241,6 +241,43 @@ def test_sends_and_receives_count_towards_refilling_the_ring(monkeypatch):
     assert ring.full_dumps == 3 and len(recorder.fr[-1]) == 9
 
 
+def test_an_idle_ranks_stack_is_published_once_and_again_when_it_moves_on():
+    """gloo's send/recv move no group: a rank that went from its data loader into a blocking
+    receive stayed, by the one stack published when it fell idle, at the loader."""
+    ring, recorder = FakeRing(), Recorder()
+    moved, done = threading.Event(), threading.Event()
+
+    def loading_data():
+        moved.wait(30)
+
+    def receiving():
+        done.wait(30)
+
+    def rank():
+        loading_data()
+        receiving()
+
+    thread = threading.Thread(target=rank)
+    thread.start()
+    try:
+        tap = FlightRecorderTap(recorder, full_every_s=3600, dumps=ring.dumps(), main_thread_id=thread.ident)
+        for _ in range(8):  # no group moves, the rank stays in the loader
+            tap.snapshot()
+        moved.set()
+        time.sleep(0.2)
+        tap.snapshot()
+        tap.snapshot()
+    finally:
+        done.set()
+        thread.join()
+    tap.snapshot(full=True)  # SIGTERM's flush began: the training thread now runs rankstream's way out
+    tap.snapshot()  # the tap's own tick during it: the stack moved (here, the thread ended), not published
+    tap.snapshot(final=True)
+    idle = [[frame["name"] for frame in args["frames"]] for name, args in recorder.events
+            if name == "idle_outside_collectives"]
+    assert len(idle) == 2 and "loading_data" in idle[0] and "receiving" in idle[1], idle
+
+
 def test_a_stuck_collective_triggers_a_dump_and_reports_the_live_stack():
     ring, recorder = FakeRing(), Recorder()
     tap = FlightRecorderTap(recorder, full_every_s=3600, dumps=ring.dumps(),

@@ -43,10 +43,12 @@ def _entry(record: int, seq: int, op: str = "all_reduce") -> dict:
             "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
 
 
-def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset(), ops: dict[int, str] = None):
+def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset(), ops: dict[int, str] = None,
+              reason: str = "idle_outside_collectives"):
     """Ranks 0 and 1 wait in world call #8; ranks 2 and 3 stopped after #7 with ``stacks``
     published; a rank in ``moved_on`` made progress after its stack was taken; ``ops``: the
-    collective each call number is (all_reduce otherwise)."""
+    collective each call number is (all_reduce otherwise); ``reason``: the event the tap published
+    the stacks as."""
     con = duckdb.connect()
     apply_schema(con)
     reached = {0: 8, 1: 8, 2: 7, 3: 7}
@@ -63,8 +65,8 @@ def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset()
                     "VALUES ('run', ?, 's', ?, false, ?)", [rank, now, json.dumps(later)])
         if rank in stacks:
             con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
-                        "VALUES ('run', ?, 'idle_outside_collectives', 'rankstream', 'i', ?, ?)",
-                        [rank, now - 10**9, json.dumps({"groups": progress, "frames": stacks[rank]})])
+                        "VALUES ('run', ?, ?, 'rankstream', 'i', ?, ?)",
+                        [rank, reason, now - 10**9, json.dumps({"groups": progress, "frames": stacks[rank]})])
     return diagnose_stored(Database.over(con, "stacks"), "run", live=True).diagnosis
 
 
@@ -85,6 +87,9 @@ def test_without_a_current_stack_the_rank_is_said_to_have_skipped_the_call():
     result = _diagnose({2: SLEEP}, moved_on={2})
     assert result.root.headline().startswith("rank 2 skipped all_reduce #8 in group")
     assert result.root.actual is None
+    # a stack the tap took because a collective looked stuck is no place outside communication
+    result = _diagnose({2: SLEEP}, reason="stalled_in_collective")
+    assert result.root.headline().startswith("rank 2 skipped all_reduce #8 in group")
 
 
 def test_a_stack_taken_before_the_rank_moved_on_says_nothing():
@@ -133,3 +138,7 @@ def test_a_stack_outside_communication_names_its_innermost_frame_and_the_jobs_ow
               {"name": "train_rank", "filename": "/job/train.py", "line": 20}]
     assert str(place_outside(loader)) == "queue.py:171 in get, from train.py:20"
     assert place_outside([]) is None
+    # a request's wait() (isend/irecv, a pipelining schedule) may be waiting for a peer: no place
+    pipelined = [{"name": "_wait_batch_p2p", "filename": "/venv/lib/python3.12/site-packages/torch/distributed/"
+                  "pipelining/schedules.py", "line": 700}, {"name": "main", "filename": "/job/pipe.py", "line": 9}]
+    assert place_outside(pipelined) is None
