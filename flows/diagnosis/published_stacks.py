@@ -91,18 +91,14 @@ def place_outside(frames: list[dict]) -> OutsideCommunication | None:
     """Where a stack in no ``torch.distributed`` function is: its innermost frame, and the job's
     own frame that led there. None for an empty stack, and for one in torch code that may be
     communicating (``_COMMUNICATING``): that rank may wait for a peer."""
-    paths = [str(frame.get("filename", "")).replace("\\", "/") for frame in frames]
+    paths = [str(frame.get("filename", "?")).replace("\\", "/") for frame in frames]
     if not frames or any(part in path for path in paths for part in _COMMUNICATING):
         return None
-
-    def at(frame: dict) -> str:
-        return f"{str(frame.get('filename', '?')).replace(chr(92), '/').rsplit('/', 1)[-1]}:{frame.get('line')}"
-
-    innermost = frames[0]
-    where = f"{at(innermost)} in {innermost.get('name', '?')}"
-    own = next((f for f in frames if not any(part in str(f.get("filename", "")) for part in _LIBRARY)), None)
-    if own is not None and own is not innermost:
-        where += f", from {at(own)}"
+    at = [f"{path.rsplit('/', 1)[-1]}:{frame.get('line')}" for path, frame in zip(paths, frames)]
+    where = f"{at[0]} in {frames[0].get('name', '?')}"
+    own = next((i for i, path in enumerate(paths) if not any(part in path for part in _LIBRARY)), 0)
+    if own:  # the innermost frame is a library's: the job's own frame that called into it
+        where += f", from {at[own]}"
     return OutsideCommunication(where)
 
 
