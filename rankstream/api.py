@@ -154,8 +154,8 @@ AFTER_OPTIMIZER = {"marked_by": "optimizer"}
 def after_optimizer_step() -> int | None:
     """``rankstream run``'s mark, set when an iteration's optimizer step is done: the next step
     starts here. Unlike a mark at the top of the loop, it says nothing of where the step it opens
-    ends: after the last one come the job's teardown or a hang, so ``run_steps`` gives that step an
-    end only when another mark follows."""
+    ends: after the last one come the job's teardown or a hang, so ``run_steps`` keeps that step
+    open (``finished`` false) unless another mark follows."""
     return _mark_step(None, AFTER_OPTIMIZER)
 
 
