@@ -44,12 +44,12 @@ class Run:
         otherwise)."""
         return self._places() if self._places else {}
 
-    @property
+    @cached_property
     def blocked_in(self) -> dict:
         """rank -> the ``torch.distributed`` call its current live stack shows it blocked in."""
         return {rank: place for rank, place in self.places.items() if isinstance(place, BlockedCall)}
 
-    @property
+    @cached_property
     def outside_communication(self) -> dict:
         """rank -> where its current live stack shows it in its own code, in no ``torch.distributed`` call."""
         return {rank: place for rank, place in self.places.items() if isinstance(place, OutsideCommunication)}
