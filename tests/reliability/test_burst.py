@@ -18,7 +18,7 @@ from rankstream.services import down, up
 
 from ..conftest import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timed]  # a burst that saturates the cores: alone
 
 CAPS = {"producer.max_buffered_events": 20_000, "producer.max_inflight_bytes": 4 << 20,
         "producer.resend_window_bytes": 4 << 20}
