@@ -85,10 +85,10 @@ def test_bad_configuration_is_one_line_and_exit_2(make_config):
 
 
 HOLD = """
-import duckdb, sys, time
+import duckdb, sys
 con = duckdb.connect(sys.argv[1])
 print("holding", flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.readline()  # hold until the test has seen the waiting line
 """
 
 
@@ -97,14 +97,20 @@ def test_locked_database_gets_one_clear_retrying_line_then_proceeds(kafka_config
     producer = Producer(run_id="locked", rank=0, world_size=1, config=config, confirm_stored=False)  # no materializer yet
     producer.emit("op", ts_ns=1)
     producer.close()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.db_path), "4"], stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.db_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "holding"
-    result = cli(config, "consume", "--once", timeout=60)
-    holder.wait()
-    complaints = [line for line in result.stderr.splitlines() if "held by another process" in line]
-    assert len(complaints) == 1 and f"pid {holder.pid}" in complaints[0] and "retrying" in complaints[0]
-    assert "Traceback" not in result.stderr and "1 events" in result.stderr
+    consume = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--once"],
+                               env={**os.environ, **config_env(config)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    first_line = consume.stderr.readline()
+    holder.communicate("release\n", timeout=30)
+    _, rest = consume.communicate(timeout=60)
+    stderr = first_line + rest
+    complaints = [line for line in stderr.splitlines() if "held by another process" in line]
+    assert len(complaints) == 1 and f"pid {holder.pid}" in complaints[0] and "retrying" in complaints[0], stderr
+    assert "Traceback" not in stderr and "1 events" in stderr
+    assert consume.returncode == 0
 
 
 def test_bad_import_file_is_one_line_and_exit_2(make_config, tmp_path):
