@@ -156,11 +156,15 @@ def _part_path(output: Path, part: _Part, count: int) -> Path:
 
 def _plan(database, run_id: str, ranks: list[int], lo: int, hi: int, max_events: int) -> list[_Part]:
     """Cut [lo, hi) into parts of at most ``max_events`` events, at step boundaries when the run has
-    steps (a step is never split), else at event-count quantiles."""
+    steps (a step is never split), else at event-count quantiles. Events are counted by the step
+    whose start they follow, the way the parts cut them: those before the first step start in range
+    (a run's setup, its step 0 when no mark opened it) belong to the first part."""
     steps = database.fetchall("""
         WITH s AS (SELECT step, min(start_ns) AS start_ns FROM run_steps($1) WHERE list_contains($2, rank) GROUP BY step),
-             e AS (SELECT step, count(*) AS n FROM trace_events WHERE run_id = $1 AND list_contains($2, rank) GROUP BY step)
-        SELECT s.step, s.start_ns, coalesce(e.n, 0) FROM s LEFT JOIN e USING (step)
+             e AS (SELECT ts_ns FROM aligned_events WHERE run_id = $1 AND list_contains($2, rank)
+                   AND ts_ns >= $3 AND ts_ns < $4),
+             n AS (SELECT s.step, count(*) AS events FROM e ASOF LEFT JOIN s ON e.ts_ns >= s.start_ns GROUP BY s.step)
+        SELECT s.step, s.start_ns, coalesce(n.events, 0) FROM s LEFT JOIN n USING (step)
         WHERE s.start_ns >= $3 AND s.start_ns < $4 ORDER BY s.start_ns""", [run_id, ranks, lo, hi])
     total = database.fetchall("SELECT count(*) FROM aligned_events WHERE run_id = $1 AND list_contains($2, rank) "
                               "AND ts_ns >= $3 AND ts_ns < $4", [run_id, ranks, lo, hi])[0][0]
@@ -168,10 +172,12 @@ def _plan(database, run_id: str, ranks: list[int], lo: int, hi: int, max_events:
         return [_Part(lo, hi, steps[0][0] if steps else None, steps[-1][0] if steps else None, total)]
     parts: list[_Part] = []
     if steps:
-        start, first, count = lo, steps[0][0], 0
+        start, first, count = lo, steps[0][0], total - sum(events for _, _, events in steps)
         for index, (step, step_start, events) in enumerate(steps):
             if count and count + events > max_events:
-                parts.append(_Part(start, step_start, first, steps[index - 1][0], count))
+                before_any_step = index == 0  # the setup alone fills a part
+                parts.append(_Part(start, step_start, None if before_any_step else first,
+                                   None if before_any_step else steps[index - 1][0], count))
                 start, first, count = step_start, step, 0
             count += events
         parts.append(_Part(start, hi, first, steps[-1][0], count))

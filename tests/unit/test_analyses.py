@@ -217,6 +217,29 @@ def test_timeline_is_valid_chrome_json_with_every_rank_and_split_by_step_range(d
         write_timeline(db, built.run_id, tmp_path / "x.json", steps="50:60")
 
 
+def test_a_split_timeline_counts_the_setup_before_the_first_step_in_its_first_file(db, tmp_path):
+    """Events before the first step (a job's setup, untagged) fall in the first file: the plan
+    counts them there, so no file holds more than the limit allows."""
+    built = build_run(db, steps=8, p2p=False)
+    first = rows(db, "SELECT min(ts_ns) AS t FROM trace_events WHERE run_id = ?", [built.run_id])[0]["t"]
+    con = duckdb.connect(str(db))
+    con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, dur_ns, pid, tid) "
+                "SELECT ?, 0, 'setup', 'cpu_op', 'X', ? - 1000000000 + i * 1000, 500, 100, 1 FROM range(60) t(i)",
+                [built.run_id, first])
+    con.close()
+    limit = 100
+    split = write_timeline(db, built.run_id, tmp_path / "s.json", max_events=limit)
+    assert split.split
+    counts = []  # trace events per file: track names, FR slices and findings come on top
+    for path in split.files:
+        events = json.loads(path.read_text())["traceEvents"]
+        counts.append(sum(1 for e in events if e["ph"] != "M" and e.get("cat") not in ("collective", "finding")))
+    whole = json.loads(write_timeline(db, built.run_id, tmp_path / "w.json").files[0].read_text())["traceEvents"]
+    assert sum(counts) == sum(1 for e in whole if e["ph"] != "M" and e.get("cat") not in ("collective", "finding"))
+    assert all(count <= limit for count in counts), counts
+    assert counts[0] >= 60
+
+
 def test_timeline_fetched_in_small_slices_is_the_same_file(db, tmp_path, monkeypatch):
     import rankstream.flows.timeline as timeline
 
