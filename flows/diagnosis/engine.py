@@ -153,8 +153,12 @@ def _rooted(findings: list[Finding]) -> list[Finding]:
     """A finding that holds ranks up before one that does not (a hung job's root cause is what
     hangs it, not an older mismatch that completed); among them, the one with direct evidence that
     explains the most blocked ranks (then the most specific kind, then the oldest). The findings
-    whose culprits it blocks become its consequences."""
+    whose culprits it blocks become its consequences. A missing dump is the absence of evidence:
+    once a rank that left one shows a fault others wait for, the missing dump ranks after it."""
     order = {kind: i for i, kind in enumerate(KINDS)}
+    if any(f.kind != "missing_dump" and not f.inferred and f.waiting_ranks for f in findings):
+        for finding in findings:
+            finding.inferred = finding.inferred or finding.kind == "missing_dump"
     findings = sorted(findings, key=lambda f: (not blocks(f), f.inferred, -len(f.waiting_ranks), not f.culprit_ranks,
                                                order[f.kind], f.seq if f.seq is not None else 0))
     if not findings:

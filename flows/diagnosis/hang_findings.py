@@ -39,7 +39,10 @@ STALLED_OUTSIDE = "the live stack shows rank"
 def wait_graph(run: Run) -> WaitGraph:
     positions = waiting_positions(run.calls, run.stateless, in_transfer=_in_transfer(run))
     graph = build_wait_graph(positions, run.sequences, run.dumped, stateless=run.stateless)
+    in_call = _in_call(run)
     for gap in run.p2p.unmatched:
+        if not gap.started and in_call.get(gap.waiter, gap.record) < gap.record:
+            continue  # queued behind a call its device is inside: it waits there, not for this peer
         position = Position(gap.waiter, gap.group, -gap.p2p_seq)  # a negative seq marks a p2p position
         graph.waiting.append(position)
         graph.add(Edge(position, gap.peer, "absent"))
@@ -48,6 +51,17 @@ def wait_graph(run: Run) -> WaitGraph:
         graph.waiting.append(position)
         graph.add(Edge(position, behind.waiter, "behind"))
     return graph
+
+
+def _in_call(run: Run) -> dict[int, int]:
+    """rank -> the record of its oldest started, unfinished entry that is not a send or receive (a
+    collective, or the close that carries a batch of transfers' state)."""
+    entries = run.entries
+    rows = np.flatnonzero((entries.state == 1) & (~entries.is_p2p | (entries.peer < 0)))
+    found: dict[int, int] = {}
+    for rank, record in zip(entries.rank[rows].tolist(), entries.record[rows].tolist()):
+        found[rank] = min(record, found.get(rank, record))
+    return found
 
 
 def _in_transfer(run: Run) -> dict[int, int]:
@@ -120,7 +134,7 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
     for sink in graph.sinks():  # only a rank that never issued a call is a root; one enqueued behind
         absent = [e for e in graph.into(sink) if e.how == "absent"]
         if sink not in settled and absent:  # is elsewhere
-            found[sink] = _absent(run, graph, sink, absent)
+            found[sink] = _absent(run, graph, sink, absent, found_at_fault=settled)
             where[sink] = first_in_program(run, absent).waiter
             settled.add(sink)
     unrecorded = {sink: finding for sink, finding in found.items() if finding.kind == "skipped_collective"}
@@ -646,13 +660,16 @@ def _origin(run: Run, rank: int, seqs: GroupSequences, hang_seq: int,
     return first, (first, last) if alike else None
 
 
-def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge]) -> Finding:
-    """A rank others wait for in a call it never issued: it skipped it, or left no dump."""
+def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge], *,
+            found_at_fault: set[int] = frozenset()) -> Finding:
+    """A rank others wait for in a call it never issued: it skipped it, or left no dump. The ranks
+    ``found_at_fault`` by direct evidence wait as a consequence of their own fault (one that skipped
+    a call waits in the next for everyone): their waiting is not counted against this rank."""
     if not edges:
         edges = graph.into(rank)
     where = first_in_program(run, edges).waiter
     group = run.group(where.group)
-    waiting = sorted(graph.upstream({rank}))
+    waiting = sorted(graph.upstream({rank}, passing=set(found_at_fault) - {rank}))
     if where.seq < 0:
         gap = next(g for g in run.p2p.unmatched if g.waiter == where.rank and g.peer == rank)
         kind = "p2p_unmatched" if rank in run.dumped else "missing_dump"

@@ -76,10 +76,13 @@ class WaitGraph:
     def into(self, rank: int) -> list[Edge]:
         return [edge for edges in self.edges.values() for edge in edges if edge.target == rank]
 
-    def upstream(self, ranks: set[int]) -> set[int]:
-        """Every rank whose waiting leads to one of ``ranks`` (not counting them)."""
+    def upstream(self, ranks: set[int], *, passing: set[int] = frozenset()) -> set[int]:
+        """Every rank whose waiting leads to one of ``ranks`` (not counting them), not through the
+        waits of the ranks ``passing`` (they and what waits for them are left out)."""
         reverse: dict[int, set[int]] = {}
         for waiter, edges in self.edges.items():
+            if waiter in passing:
+                continue
             for edge in edges:
                 reverse.setdefault(edge.target, set()).add(waiter)
         seen, frontier = set(), list(ranks)
@@ -171,6 +174,8 @@ def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequen
         if key not in calls:
             calls[key] = _Call.of(seqs, position.seq, last[position.group], dumped, stateless)
         call = calls[key]
+        if call.states.get(position.rank) == SCHEDULED and call.started:
+            continue  # its device has not started the call its peers started: it waits for no one there
         edges = [Edge(position, member, "absent") for member in call.absent if member != position.rank]
         if call.states.get(position.rank) == STARTED:
             edges += [Edge(position, member, "behind") for member in call.scheduled if member != position.rank]
@@ -191,22 +196,27 @@ class _Call:
     """One call of a group as every rank waiting in it sees it."""
 
     states: dict[int, int]
-    #: Members that never issued it (or left no dump), and members that issued it but did not start it.
+    #: Members that never issued it (or left no dump, unless a peer completed it: then every member
+    #: took part), and members that issued it but did not start it.
     absent: list[int]
     scheduled: list[int]
     disputed: bool
     unfinished: set[int]
+    #: Whether a member's device started it (NCCL with timing: an entry only enqueued is then behind).
+    started: bool
 
     @classmethod
     def of(cls, seqs: GroupSequences, seq: int, reached: dict[int, int], dumped: set[int],
            stateless: set[int]) -> "_Call":
         states = seqs.states_at(seq)
+        completed = COMPLETED in states.values()  # a collective completes only once every member joined
         absent = [m for m in seqs.group.members
-                  if m not in dumped or (m not in states and reached.get(m, -1) < seq)]
+                  if (m not in dumped and not completed) or (m in dumped and m not in states and reached.get(m, -1) < seq)]
         scheduled = [m for m in seqs.group.members
                      if m in states and m not in stateless and states[m] == SCHEDULED]
         return cls(states, absent, scheduled, len(set(seqs.values_at(seq).values())) > 1,
-                   {rank for rank, state in states.items() if state < COMPLETED})
+                   {rank for rank, state in states.items() if state < COMPLETED},
+                   any(states.get(m) == STARTED for m in seqs.group.members if m not in stateless))
 
 
 def program_between(calls: Calls, group_of: dict[int, str], groups: list[int], *, seq: int,

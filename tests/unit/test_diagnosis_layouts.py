@@ -905,3 +905,51 @@ def test_the_peer_behind_a_swap_is_not_named_when_its_step_legitimately_grew():
                 job.call(rank, group, state=state)
     root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks) == ("order_mismatch", [1])
+
+
+def test_a_missing_dump_does_not_outrank_a_device_that_never_started_the_call():
+    """Rank 2's device never started the last call, which its peers started; rank 3's dump was not
+    collected. Rank 2 waits for no one there (its device has not reached the call), so it is the
+    root, and the missing file comes after it."""
+    job = Groups({GROUP[0]: [0, 1, 2, 3]}, desc=GROUP[1])
+    for step in range(8):
+        last = step == 7
+        for rank in range(4):
+            job.call(rank, GROUP[0], state=("scheduled" if rank == 2 else "started") if last else "completed")
+    result = job.diagnosis(without=3)
+    assert (result.root.kind, result.root.culprit_ranks) == ("not_started", [2])
+    assert [f.culprit_ranks for f in result.findings if f.kind == "missing_dump"] == [[3]]
+
+
+def test_a_rank_stuck_in_a_call_its_peers_completed_outranks_a_missing_dump():
+    """Every peer completed #7 (NCCL completes a collective only once every member joined, so the
+    rank that left no dump took part in it); rank 2 is still inside it, and the others wait for it
+    in #8."""
+    job = Groups({GROUP[0]: [0, 1, 2, 3]}, desc=GROUP[1])
+    for step in range(8):
+        for rank in range(4):
+            state = "completed" if step < 6 else ("started" if rank == 2 else "completed") if step == 6 else (
+                "scheduled" if rank == 2 else "started")
+            job.call(rank, GROUP[0], state=state)
+    result = job.diagnosis(without=3)
+    assert result.root.culprit_ranks == [2] and result.root.kind in ("stuck_in_collective", "state_mismatch")
+
+
+def test_a_send_queued_behind_a_call_its_device_is_in_does_not_wait_for_a_missing_rank():
+    """Rank 3 skips a tensor-parallel call and goes on to the world group's call. Rank 2, its tp
+    peer, is inside the skipped call; its send to rank 0, enqueued after it, has not started, and
+    rank 0's dump is missing. Rank 2 waits in the tp call, not for rank 0: rank 3 is the root. (Rank
+    1's device is in the world call, waiting.)"""
+    job = Groups({"tp0": [0, 1], "tp1": [2, 3], "pp": [0, 2], GROUP[0]: [0, 1, 2, 3]},
+                 desc={"tp0": "tp", "tp1": "tp", "pp": "pp", GROUP[0]: GROUP[1]})
+    for step in range(6):
+        last = step == 5
+        for rank, tp in ((0, "tp0"), (1, "tp0"), (2, "tp1"), (3, "tp1")):
+            if not (last and rank == 3):
+                job.call(rank, tp, state="started" if last and rank == 2 else "completed")
+        job.transfer(2, "pp", "send 1->0", state="scheduled" if last else "completed")
+        job.transfer(0, "pp", "recv 0<-1", state="started" if last else "completed")
+        for rank in range(4):
+            job.call(rank, GROUP[0], state=("scheduled" if rank == 2 else "started") if last else "completed")
+    result = job.diagnosis(without=0)
+    assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [3]), result.root.headline()
