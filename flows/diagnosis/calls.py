@@ -36,6 +36,8 @@ class Calls:
     value: np.ndarray
     state: np.ndarray
     created: np.ndarray
+    #: Creation to completion on the rank's own clock, in microseconds (-1: unknown).
+    waited: np.ndarray
     record: np.ndarray
     #: ``parts[value]`` is the (op, shape, dtype) codes of a value.
     parts: np.ndarray
@@ -76,11 +78,12 @@ def collective_calls(entries: Entries) -> Calls:
     parts = np.stack([op_of, shape_of, dtype_of], axis=1)
     if len(starts) == len(part):  # one entry per call (nothing coalesced): the gathered columns as they are
         calls = Calls(group=group, seq=seq, rank=rank, op=op, shape=shape, dtype=dtype, value=value,
-                      state=part.state, created=part.created, record=part.record, parts=parts)
+                      state=part.state, created=part.created, waited=part.waited, record=part.record, parts=parts)
     else:
         calls = Calls(group=group[starts], seq=seq[starts], rank=rank[starts], op=op, shape=shape, dtype=dtype,
                       value=value, state=np.minimum.reduceat(part.state, starts) if len(part) else part.state,
-                      created=part.created[starts], record=part.record[starts], parts=parts)
+                      created=part.created[starts], waited=np.maximum.reduceat(part.waited, starts) if len(part)
+                      else part.waited, record=part.record[starts], parts=parts)
     coalesced = [code for code, name in enumerate(part.vocabulary.ops) if name.startswith("coalesced")]
     _assume_cut_calls_agree(calls, oldest, coalesced=np.flatnonzero(np.isin(op_of, coalesced)))
     return calls

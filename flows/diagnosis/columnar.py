@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, dtypes_used,
+from rankstream.flows.diagnosis.entries import (UNEVEN, UNEVEN_OPS, Entries, Vocabulary, dtypes_used, waited_us,
                                                 folded_state, p2p_peers, parse_op)
 
 __all__ = ["entry_table", "from_entry_tables"]
@@ -136,10 +136,11 @@ def from_entry_tables(tables: list[pa.StructArray], ranks: list[int], members: d
     state_map = np.array([_STATES.get(s, 0) for s in states.dictionary.to_pylist()] or [0], dtype=np.int8)
     state = state_map[pc.fill_null(states.indices, 0).to_numpy(zero_copy_only=False)] if n else \
         np.zeros(0, np.int8)
+    created, completed = _ints(field["time_created_ns"]), _ints(field["time_discovered_completed_ns"])
     return Entries(
         rank=rank, group=group_codes[name_codes] if n else np.zeros(0, np.int32),
         seq=_ints(field["collective_seq_id"]), p2p_seq=_ints(field["p2p_seq_id"]), is_p2p=is_p2p,
         op=op_codes[profiling_codes] if n else np.zeros(0, np.int32), peer=peer, shape=shapes, dtype=dtypes,
-        state=folded_state(state, _ints(field["time_discovered_started_ns"]),
-                           _ints(field["time_discovered_completed_ns"])),
-        created=_ints(field["time_created_ns"]), record=_ints(field["record_id"]), vocabulary=vocabulary)
+        state=folded_state(state, _ints(field["time_discovered_started_ns"]), completed),
+        created=created, waited=waited_us(created, completed), record=_ints(field["record_id"]),
+        vocabulary=vocabulary)

@@ -140,12 +140,19 @@ def _state_findings(run: Run, disagreements: list[Disagreement]) -> list[Finding
 
 
 def _straggler_finding(straggler, run: Run) -> Finding:
-    return Finding(kind="straggler", culprit_ranks=[straggler.rank], evidence=[
+    evidence = [
         f"takes {straggler.lateness_ns / 1e6:.1f} ms longer than its peers to reach a collective once "
         f"released from its previous one (trimmed mean over {straggler.collectives} collectives; threshold "
         f"{straggler.threshold_ns / 1e6:.1f} ms: the other ranks' noise, a tenth of a typical delay, the clock "
         f"error); "
-        f"late in {straggler.late_share:.0%} of them, from {straggler.source}"])
+        f"late in {straggler.late_share:.0%} of them, from {straggler.source}"]
+    if straggler.confirmed:
+        evidence.append(f"it waits {straggler.shortfall_ns / 1e6:.1f} ms less than its peers inside them (each "
+                        "rank's own clock): it arrives last, not only its clock")
+    elif straggler.shortfall_ns is not None:
+        evidence.append(f"its waits inside them, {straggler.shortfall_ns / 1e6:.1f} ms shorter than its peers' "
+                        "(each rank's own clock), are too coarse to rule out a clock ahead of its peers'")
+    return Finding(kind="straggler", culprit_ranks=[straggler.rank], evidence=evidence)
 
 
 # -- 4. the root cause first -------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def dtypes_used(input_dtypes: Sequence | None, output_dtypes: Sequence | None) -
 #: ids are; times are not): the headroom keeps arithmetic on them from overflowing.
 _NARROW, _NARROW_LIMIT = ("seq", "p2p_seq", "record"), 2**30
 _COLUMNS = ("rank", "group", "seq", "p2p_seq", "is_p2p", "op", "peer", "shape", "dtype", "state", "created",
-            "record")
+            "waited", "record")
 
 
 def parse_op(profiling_name: str) -> tuple[str, int, int]:
@@ -104,7 +104,9 @@ class Vocabulary:
 class Entries:
     """Columns of every entry (see the module docstring); ``peer`` is the p2p peer's global rank
     (-1 for collectives), ``created`` is 0 when unknown, ``state`` a code of ``STATES``: the state
-    torch wrote, or later when it recorded a start or completion time."""
+    torch wrote, or later when it recorded a start or completion time. ``waited`` is the
+    microseconds from creation to discovered completion on the rank's own clock (-1 when unknown):
+    unlike either time, it does not depend on how far that clock is from its peers'."""
 
     rank: np.ndarray
     group: np.ndarray
@@ -117,6 +119,7 @@ class Entries:
     dtype: np.ndarray
     state: np.ndarray
     created: np.ndarray
+    waited: np.ndarray
     record: np.ndarray
     vocabulary: Vocabulary
 
@@ -155,6 +158,13 @@ def _lenient(entry: Any) -> tuple:
 def folded_state(state: np.ndarray, started: np.ndarray, completed: np.ndarray) -> np.ndarray:
     """The state, raised to started or completed where torch recorded that time."""
     return np.maximum(state, np.where(completed > 0, 2, np.where(started > 0, 1, 0)).astype(np.int8))
+
+
+def waited_us(created: np.ndarray, completed: np.ndarray) -> np.ndarray:
+    """Creation to discovered completion in microseconds (int32), -1 where either is unknown."""
+    known = (created > 0) & (completed >= created)
+    span = np.where(known, (completed - created) // 1000, -1)
+    return np.minimum(span, np.iinfo(np.int32).max).astype(np.int32)
 
 
 def fold_close_states(entries: Entries) -> None:
@@ -230,6 +240,8 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
         shape_keys = [UNEVEN if name in uneven else key for name, key in zip(names, shape_keys)]
         dtype_keys = [dtypes_used(i, o) if name in uneven else key
                       for name, i, o, key in zip(names, in_dtypes, out_dtypes, dtype_keys)]
+    created_ns = _ints(created, "time_created_ns")
+    completed_ns = _ints(completed, "time_discovered_completed_ns")
     return Entries(
         rank=np.full(n, rank, dtype=np.int32),
         group=vocabulary.codes("groups", group_keys),
@@ -240,9 +252,8 @@ def from_dump_entries(entries: list, rank: int, members: dict[str, list[int]],
         shape=vocabulary.codes("shapes", shape_keys),
         dtype=vocabulary.codes("dtypes", dtype_keys),
         state=folded_state(np.fromiter(map(_STATE_CODE.get, states, (0,) * n), dtype=np.int8, count=n),
-                           _ints(started, "time_discovered_started_ns"),
-                           _ints(completed, "time_discovered_completed_ns")),
-        created=_ints(created, "time_created_ns"),
+                           _ints(started, "time_discovered_started_ns"), completed_ns),
+        created=created_ns, waited=waited_us(created_ns, completed_ns),
         record=_ints(records, "record_id"),
         vocabulary=vocabulary,
     )

@@ -172,6 +172,6 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
         seq=table["seq"].to_numpy(), p2p_seq=table["p2p_seq"].to_numpy(), is_p2p=is_p2p,
         op=op_codes[profiling] if n else np.zeros(0, np.int32), peer=peer,
         shape=shape_index.reshape(-1).astype(np.int32), dtype=dtype_index.reshape(-1).astype(np.int32),
-        state=table["state"].to_numpy(), created=created, record=table["record_id"].to_numpy(),
-        vocabulary=vocabulary)
+        state=table["state"].to_numpy(), created=created, waited=np.full(n, -1, dtype=np.int32),
+        record=table["record_id"].to_numpy(), vocabulary=vocabulary)  # clocks aligned: no need of waits
     return StoredRun(entries, listed, np.unique(ranks).tolist(), clock_error_ns=clock_error_ns)

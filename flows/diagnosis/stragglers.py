@@ -28,6 +28,16 @@ one long pause is not a trend) is both *significant* and *material*:
 
 A healthy job, even a noisy one on an overloaded host, gives none: its ranks' means stay within
 their standard errors.
+
+Creation times alone cannot tell a straggler from a rank whose host clock runs ahead of its peers'
+(dumps from several hosts carry each host's own clock): both create every collective a constant
+time after the others. What tells them apart is each rank's *wait*, creation to completion on its
+own clock. A collective completes for every member once the last one arrives, so a straggler waits
+less than its peers by about its lateness, while a rank whose clock is merely ahead waits as long
+as they do. Where the dumps record completion times, a rank is a straggler only if its waits fall
+short of its peers' by at least half its lateness; waits as long as its peers', measured finely
+enough to have seen the shortfall, mean the lateness is its clock's. NCCL discovers completion by
+polling (100 ms apart), so a short ring may leave the question open: the finding then says so.
 """
 
 from __future__ import annotations
@@ -65,6 +75,10 @@ class Straggler:
     threshold_ns: int
     collectives: int
     source: str
+    #: How much less than its peers it waits inside its collectives (own clock), and whether that
+    #: confirms the lateness (None: no completion times, or too coarse to tell).
+    shortfall_ns: int | None = None
+    confirmed: bool | None = None
 
 
 def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -122,6 +136,7 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
     if not len(calls):
         return []
     collective, delay = _release_delays(calls, members)
+    waits = _wait_excesses(calls, collective)
     rows, excess = _excess_over_others(collective, delay)
     if not len(rows):
         return []
@@ -141,10 +156,41 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
             continue
         threshold = max(material, NOISE_FACTOR * float(np.median(others)))
         lateness = _trimmed_mean(values)
-        if lateness > threshold:
-            found.append(Straggler(rank, int(lateness), float(np.mean(values > threshold)), int(threshold),
-                                   len(values), "creation times"))
+        if lateness <= threshold:
+            continue
+        shortfall, confirmed = _judged_by_waits(waits.get(rank), lateness)
+        if confirmed is False:
+            continue  # it waits as long as its peers: its clock, not its pace, puts it last
+        found.append(Straggler(rank, int(lateness), float(np.mean(values > threshold)), int(threshold),
+                               len(values), "creation times", shortfall, confirmed))
     return sorted(found, key=lambda s: -s.lateness_ns)
+
+
+def _wait_excesses(calls: Calls, collective: np.ndarray) -> dict[int, np.ndarray]:
+    """rank -> its waits (creation to completion, own clock) minus its peers' median, per judged
+    collective, for the ranks with completion times in enough of them."""
+    waited = calls.waited.astype(np.float64) * 1000
+    waited[calls.waited < 0] = np.nan
+    rows, excess = _excess_over_others(collective, waited)
+    if not len(rows):
+        return {}
+    ranks = calls.rank[rows]
+    return {int(rank): excess[ranks == rank] for rank in np.unique(ranks).tolist()
+            if np.count_nonzero(ranks == rank) >= MIN_COLLECTIVES}
+
+
+def _judged_by_waits(excesses: np.ndarray | None, lateness: float) -> tuple[int | None, bool | None]:
+    """(shortfall, confirmed): how much less than its peers the rank waits, and whether that
+    confirms a lateness (True), refutes it (False: the shortfall is measured finely enough and
+    falls short of half of it) or cannot tell (None)."""
+    if excesses is None:
+        return None, None
+    shortfall = -_trimmed_mean(excesses)
+    if shortfall >= lateness / 2:
+        return int(shortfall), True
+    if shortfall + NOISE_FACTOR * _batch_error(excesses) < lateness / 2:
+        return int(shortfall), False
+    return int(shortfall), None
 
 
 def _batch_error(values: np.ndarray) -> float:

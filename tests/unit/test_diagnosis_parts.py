@@ -138,6 +138,41 @@ def test_stragglers_need_lateness_beyond_the_noise():
     assert run(**pair, steps=12) == []  # too few collectives to know the noise
 
 
+def timed_job(*, late_rank: int | None, clock_ms: dict[int, float], completions: bool = True, ranks: int = 8,
+              steps: int = 40, late_ms: float = 20.0) -> list:
+    """Collectives in true time: every rank arrives 100 ms after the previous one completed (the
+    late rank ``late_ms`` later still), each completes 2 ms after its last member arrives; every
+    time is then read on its rank's clock, ``clock_ms`` ahead of true time."""
+    rng = np.random.default_rng(1)
+    vocabulary, parts, rows = Vocabulary(), [], {r: [] for r in range(ranks)}
+    released = 1e9
+    for step in range(steps):
+        arrive = {r: released + 100e6 + rng.uniform(0, 0.2e6) + (late_ms * 1e6 if r == late_rank else 0)
+                  for r in range(ranks)}
+        released = max(arrive.values()) + 2e6
+        for r in range(ranks):
+            clock = clock_ms.get(r, 0) * 1e6
+            row = entry(step, ("0", "default_pg"), step + 1, "all_reduce", created=int(arrive[r] + clock))
+            row["time_discovered_completed_ns"] = int(released + clock) if completions else None
+            rows[r].append(row)
+    for rank, mine in rows.items():
+        parts.append(from_dump_entries(mine, rank, {}, vocabulary=vocabulary))
+    return find_stragglers(collective_calls(concatenate(parts, vocabulary)), {0: ranks})
+
+
+def test_a_rank_whose_host_clock_runs_ahead_is_no_straggler_but_a_late_one_beside_it_is():
+    """Creation times alone cannot tell the two apart; each rank's wait to completion, on its own
+    clock, can: a straggler waits less than its peers, a rank whose clock is ahead as long."""
+    assert timed_job(late_rank=None, clock_ms={5: 20.0}) == []
+    assert timed_job(late_rank=None, clock_ms={r: 20.0 for r in range(4, 8)}) == []  # a second host
+    for clocks in ({}, {5: 20.0}):
+        [straggler] = timed_job(late_rank=2, clock_ms=clocks)
+        assert straggler.rank == 2 and straggler.confirmed and 19e6 < straggler.shortfall_ns < 21e6
+    # without completion times the lateness stands, and nothing claims it was checked
+    [unchecked] = timed_job(late_rank=None, clock_ms={5: 20.0}, completions=False)
+    assert (unchecked.rank, unchecked.confirmed, unchecked.shortfall_ns) == (5, None, None)
+
+
 def test_a_shifted_stretch_is_found_where_it_began():
     vocabulary = Vocabulary()
     def program(rank, skip, tensor_parallel=True):
