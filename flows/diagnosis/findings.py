@@ -140,7 +140,8 @@ _WHAT = {
     "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",
     "size_mismatch": lambda f: f"used other tensor sizes in {_numbered(f, f.expected)}",
     "dtype_mismatch": lambda f: f"used another dtype in {_numbered(f, f.expected)}",
-    "missing_dump": lambda f: f"left no dump; its peers wait in {_numbered(f, f.expected)}",
+    "missing_dump": lambda f: f"left no dump; {'their' if len(f.culprit_ranks) > 1 else 'its'} peers wait in "
+                              f"{_numbered(f, f.expected)}",
     "dead_rank": lambda f: (f"ended {f.actual['ended']}" if isinstance(f.actual, dict) and f.actual.get("ended")
                             else "stopped sending heartbeats")
                            + (f"; its peers wait in {_numbered(f, f.expected)}" if f.expected else ""),

@@ -171,7 +171,27 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
         for rank in ranks:
             found.pop(rank)
         found[min(ranks)] = _stuck_in_previous(run, graph, code, seq, ranks, blocked)
-    return list(found.values())
+    return _one_per_call(list(found.values()))
+
+
+def _one_per_call(findings: list[Finding]) -> list[Finding]:
+    """Ranks without a dump that the same ranks wait for in the same call are one finding (a node
+    that went down takes all its ranks with it: one cause, not one per rank)."""
+    kept: list[Finding] = []
+    first_of: dict[tuple, Finding] = {}
+    for finding in findings:
+        key = (finding.group, finding.seq, tuple(finding.waiting_ranks), repr(finding.expected))
+        first = first_of.get(key) if finding.kind == "missing_dump" else None
+        if first is None:
+            if finding.kind == "missing_dump":
+                first_of[key] = finding
+            kept.append(finding)
+            continue
+        first.culprit_ranks = sorted(first.culprit_ranks + finding.culprit_ranks)
+        place = first.evidence[0].split(", first in ", 1)[-1]
+        first.evidence[0] = (f"{ranks_text(first.culprit_ranks)} left no dump; {len(first.waiting_ranks)} rank(s) "
+                             f"wait for them, first in {place}")
+    return kept
 
 
 def _short_of(run: Run, finding: Finding, waited_at: Position) -> bool:

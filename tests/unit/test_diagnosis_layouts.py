@@ -953,3 +953,16 @@ def test_a_send_queued_behind_a_call_its_device_is_in_does_not_wait_for_a_missin
             job.call(rank, GROUP[0], state=("scheduled" if rank == 2 else "started") if last else "completed")
     result = job.diagnosis(without=0)
     assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [3]), result.root.headline()
+
+
+def test_ranks_of_a_node_that_went_down_are_one_missing_dump_finding():
+    """Ranks 4-7 left no dumps and ranks 0-3 wait for all of them in the same call: one cause."""
+    job = Groups({GROUP[0]: list(range(8))}, desc=GROUP[1])
+    for step in range(6):
+        for rank in range(8):
+            job.call(rank, GROUP[0], state="started" if step == 5 else "completed")
+    vocabulary = Vocabulary()
+    parts = [from_dump_entries(job.entries[rank], rank, job.members, vocabulary=vocabulary) for rank in range(4)]
+    result = diagnose(concatenate(parts, vocabulary), listed=job.members, dumped=[0, 1, 2, 3])
+    assert [(f.kind, f.culprit_ranks) for f in result.findings] == [("missing_dump", [4, 5, 6, 7])]
+    assert result.root.headline().startswith("ranks 4, 5, 6, 7 left no dump; their peers wait in all_reduce #6")
