@@ -32,7 +32,7 @@ from rankstream.flows.diagnosis.run import Run
 from rankstream.flows.diagnosis.stragglers import find_stragglers
 from rankstream.flows.diagnosis.waits import WaitGraph
 
-__all__ = ["Diagnosis", "diagnose"]
+__all__ = ["Diagnosis", "diagnose", "rooted"]
 
 
 @dataclass
@@ -69,7 +69,7 @@ def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int
         members = {code: len(group.members) for code, group in run.groups.items()}
         findings = [_straggler_finding(s, run) for s in find_stragglers(run.calls, members,
                                                                          clock_error_ns=clock_error_ns)]
-    ordered = _rooted(findings)
+    ordered = rooted(findings)
     members = {m for g in run.groups.values() for m in g.members}
     return Diagnosis(ordered, sorted(run.dumped), run.world, sorted(members - run.dumped), run.groups)
 
@@ -150,24 +150,27 @@ def _straggler_finding(straggler, run: Run) -> Finding:
         evidence.append(f"it waits {straggler.shortfall_ns / 1e6:.1f} ms less than its peers inside them (each "
                         "rank's own clock): it arrives last, not only its clock")
     elif straggler.shortfall_ns is not None:
-        evidence.append(f"its waits inside them, {straggler.shortfall_ns / 1e6:.1f} ms shorter than its peers' "
-                        "(each rank's own clock), are too coarse to rule out a clock ahead of its peers'")
+        evidence.append(f"its waits inside them (each rank's own clock; {straggler.shortfall_ns / 1e6:+.1f} ms "
+                        "short of its peers') are too coarse to rule out a clock ahead of its peers'")
     return Finding(kind="straggler", culprit_ranks=[straggler.rank], evidence=evidence)
 
 
 # -- 4. the root cause first -------------------------------------------------------------------------
-def _rooted(findings: list[Finding]) -> list[Finding]:
+def rooted(findings: list[Finding], *, dead_first: bool = False) -> list[Finding]:
     """A finding that holds ranks up before one that does not (a hung job's root cause is what
     hangs it, not an older mismatch that completed); among them, the one with direct evidence that
     explains the most blocked ranks (then the most specific kind, then the oldest). The findings
-    whose culprits it blocks become its consequences. A missing dump is the absence of evidence:
-    once a rank that left one shows a fault others wait for, the missing dump ranks after it."""
+    whose culprits it blocks become its consequences. A missing dump is the absence of evidence: it
+    ranks after a fault shown by the ranks that left dumps that at least half as many ranks wait for.
+    ``dead_first``: a rank known to have died leads (its peers' stalls follow from the death)."""
     order = {kind: i for i, kind in enumerate(KINDS)}
-    if any(f.kind != "missing_dump" and not f.inferred and f.waiting_ranks for f in findings):
-        for finding in findings:
-            finding.inferred = finding.inferred or finding.kind == "missing_dump"
-    findings = sorted(findings, key=lambda f: (not blocks(f), f.inferred, -len(f.waiting_ranks), not f.culprit_ranks,
-                                               order[f.kind], f.seq if f.seq is not None else 0))
+    direct = max((len(f.waiting_ranks) for f in findings if f.kind != "missing_dump" and not f.inferred), default=0)
+    for finding in findings:
+        if finding.kind == "missing_dump" and 0 < len(finding.waiting_ranks) <= 2 * direct:
+            finding.inferred = True
+    findings = sorted(findings, key=lambda f: (not (dead_first and f.kind == "dead_rank"), not blocks(f), f.inferred,
+                                               -len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
+                                               f.seq if f.seq is not None else 0))
     if not findings:
         return findings
     root, rest = findings[0], findings[1:]

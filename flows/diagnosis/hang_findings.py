@@ -38,7 +38,8 @@ STALLED_OUTSIDE = "the live stack shows rank"
 
 def wait_graph(run: Run) -> WaitGraph:
     positions = waiting_positions(run.calls, run.stateless, in_transfer=_in_transfer(run))
-    graph = build_wait_graph(positions, run.sequences, run.dumped, stateless=run.stateless)
+    graph = build_wait_graph(positions, run.sequences, run.dumped, stateless=run.stateless,
+                             rooted=_rooted_values(run))
     in_call = _in_call(run)
     for gap in run.p2p.unmatched:
         if not gap.started and in_call.get(gap.waiter, gap.record) < gap.record:
@@ -51,6 +52,19 @@ def wait_graph(run: Run) -> WaitGraph:
         graph.waiting.append(position)
         graph.add(Edge(position, behind.waiter, "behind"))
     return graph
+
+
+#: Collectives in which a rank can complete before every member joined (a broadcast's root, a
+#: reduce's senders: small messages fit in the receivers' buffers).
+ROOTED_OPS = frozenset({"broadcast", "reduce", "scatter", "gather", "_reduce_oop", "_broadcast_oop"})
+
+
+def _rooted_values(run: Run) -> set[int]:
+    """The call values (``Calls.value``) whose op is rooted, coalesced ones included."""
+    ops = run.entries.vocabulary.ops
+    rooted = {code for code, op in enumerate(ops) if any(part.strip("()") in ROOTED_OPS
+                                                         for part in op.replace("coalesced(", "").split(","))}
+    return {value for value, (op, _, _) in enumerate(run.calls.parts.tolist()) if op in rooted}
 
 
 def _in_call(run: Run) -> dict[int, int]:
@@ -181,9 +195,10 @@ def _one_per_call(findings: list[Finding]) -> list[Finding]:
     first_of: dict[tuple, Finding] = {}
     for finding in findings:
         key = (finding.group, finding.seq, tuple(finding.waiting_ranks), repr(finding.expected))
-        first = first_of.get(key) if finding.kind == "missing_dump" else None
+        collective = finding.kind == "missing_dump" and "peer" not in (finding.expected or {})  # not a transfer
+        first = first_of.get(key) if collective else None
         if first is None:
-            if finding.kind == "missing_dump":
+            if collective:
                 first_of[key] = finding
             kept.append(finding)
             continue
@@ -643,7 +658,8 @@ def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
         kind="state_mismatch" if went_on else "stuck_in_collective", culprit_ranks=[position.rank],
         group=seqs.group.name, group_desc=seqs.group.desc, seq=position.seq, expected=run.describe(value),
         actual=run.describe(value), waiting_ranks=sorted(graph.upstream({position.rank})), in_flight=True,
-        evidence=[f"every other member of {seqs.group.label} completed #{position.seq}; rank {position.rank}'s "
+        evidence=[f"every other member of {seqs.group.label} that left a dump completed #{position.seq}; rank "
+                  f"{position.rank}'s "
                   f"entry is still {state}"] + ([f"rank {position.rank} enqueued later calls of the group"]
                                                  if went_on else []))
 

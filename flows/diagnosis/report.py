@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankstream.flows.diagnosis.engine import Diagnosis, diagnose
+from rankstream.flows.diagnosis.engine import Diagnosis, diagnose, rooted
 from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
@@ -110,19 +110,25 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
 
 
 def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -> None:
-    """A rank waited for that died is named as dead, not as having skipped the call. After the run
-    (``endings`` known) the death is the root cause: its peers' waits follow from it, and a tie with
-    a peer whose last entry was lost in the teardown is no tie. Deaths the findings do not all
+    """A rank waited for that died is named as dead, not as having skipped the call, and leads:
+    its peers' waits follow from it (after the run, with ``endings`` known, a tie with a peer whose
+    last entry was lost in the teardown is no tie either). Deaths the findings do not all
     name (several ranks died at once; one died before any call showed it) lead as one finding."""
+    renamed = False
     for finding in result.findings:
         if finding.kind in ("missing_dump", "skipped_collective") and finding.culprit_ranks \
                 and set(finding.culprit_ranks) <= set(dead):
-            finding.kind = "dead_rank"
+            renamed = True
+            finding.kind, finding.inferred = "dead_rank", False  # a death is seen, not inferred
             finding.actual = {"ended": endings.described(finding.culprit_ranks[0]) if endings else None}
             finding.evidence = (endings.evidence if endings else [
                 f"{ranks_text(finding.culprit_ranks)} stopped sending heartbeats"]) + [
                 line for line in finding.evidence
                 if not line.startswith((WENT_NOWHERE, STALLED_OUTSIDE))]  # it died: known
+    if renamed:  # ranked again as what it is
+        for finding in result.findings:
+            finding.explains = []
+        result.findings[:] = rooted(result.findings, dead_first=True)
     if endings is None or not endings.dead:
         return
     named = [finding for finding in result.findings if finding.kind == "dead_rank"]

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rankstream.flows.clocks import rank_offsets
-from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, p2p_peers, parse_op
+from rankstream.flows.diagnosis.entries import UNEVEN, UNEVEN_OPS, Entries, Vocabulary, p2p_peers, parse_op, waited_us
 from rankstream.flows.diagnosis.ring_progress import RingProgress, ring_progress
 
 __all__ = ["StoredRun", "load_stored", "live_horizon", "ENTRIES_SQL"]
@@ -44,7 +44,8 @@ SELECT rank, pg_name, coalesce(pg_desc, '') AS pg_desc, coalesce(collective_seq_
        coalesce(p2p_seq_id, 0) AS p2p_seq, profiling_name, shape, dtype,
        CASE WHEN state = 'completed' OR time_discovered_completed_ns > 0 THEN 2
             WHEN state = 'started' OR time_discovered_started_ns > 0 THEN 1 ELSE 0 END::TINYINT AS state,
-       coalesce(time_created_ns, 0) AS created, record_id, snapshot_ns
+       coalesce(time_created_ns, 0) AS created, coalesce(time_discovered_completed_ns, 0) AS completed, record_id,
+       snapshot_ns
 FROM recent
 """
 
@@ -164,6 +165,7 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
                                              or [[None]])[0][0] or "?"
     offsets, clock_error_ns = rank_offsets(database, run_id)
     created = table["created"].to_numpy().copy()
+    waited = waited_us(created, table["completed"].to_numpy())  # each rank's own clock, before any shift
     if offsets and n:
         shift = np.array([offsets.get(int(r), 0) for r in range(int(ranks.max()) + 1)], dtype=np.int64)
         created[created > 0] -= shift[ranks[created > 0]]
@@ -172,6 +174,6 @@ def load_stored(database, run_id: str, *, live: bool = False, dead: set[int] = f
         seq=table["seq"].to_numpy(), p2p_seq=table["p2p_seq"].to_numpy(), is_p2p=is_p2p,
         op=op_codes[profiling] if n else np.zeros(0, np.int32), peer=peer,
         shape=shape_index.reshape(-1).astype(np.int32), dtype=dtype_index.reshape(-1).astype(np.int32),
-        state=table["state"].to_numpy(), created=created, waited=np.full(n, -1, dtype=np.int32),
-        record=table["record_id"].to_numpy(), vocabulary=vocabulary)  # clocks aligned: no need of waits
+        state=table["state"].to_numpy(), created=created, waited=waited, record=table["record_id"].to_numpy(),
+        vocabulary=vocabulary)
     return StoredRun(entries, listed, np.unique(ranks).tolist(), clock_error_ns=clock_error_ns)

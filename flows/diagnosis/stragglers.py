@@ -36,8 +36,9 @@ own clock. A collective completes for every member once the last one arrives, so
 less than its peers by about its lateness, while a rank whose clock is merely ahead waits as long
 as they do. Where the dumps record completion times, a rank is a straggler only if its waits fall
 short of its peers' by at least half its lateness; waits as long as its peers', measured finely
-enough to have seen the shortfall, mean the lateness is its clock's. NCCL discovers completion by
-polling (100 ms apart), so a short ring may leave the question open: the finding then says so.
+enough to have seen the shortfall, mean the lateness is its clock's (both readings with four
+standard errors to spare). NCCL discovers completion by polling (100 ms apart), so a short ring
+may leave the question open: the finding then says so.
 """
 
 from __future__ import annotations
@@ -141,13 +142,7 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
     if not len(rows):
         return []
     material = max(FLOOR_NS, clock_error_ns, RELATIVE_FLOOR * float(np.nanmedian(delay)))
-    created = calls.created[rows]
-    by_rank: dict[int, np.ndarray] = {}
-    ranks = calls.rank[rows]
-    order = np.lexsort((created, ranks))
-    starts, sizes = _segments(ranks[order])
-    for start, size in zip(starts.tolist(), sizes.tolist()):
-        by_rank[int(ranks[order[start]])] = excess[order[start:start + size]]  # in creation order
+    by_rank = _by_rank(calls, rows, excess)
     error = {rank: _batch_error(values) for rank, values in by_rank.items() if len(values) >= MIN_COLLECTIVES}
     found = []
     for rank, values in by_rank.items():
@@ -167,16 +162,23 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
 
 
 def _wait_excesses(calls: Calls, collective: np.ndarray) -> dict[int, np.ndarray]:
-    """rank -> its waits (creation to completion, own clock) minus its peers' median, per judged
-    collective, for the ranks with completion times in enough of them."""
+    """rank -> its waits (creation to completion, own clock) minus the median of the other members'
+    with a known wait, per collective, in creation order; for the ranks with enough of them."""
     waited = calls.waited.astype(np.float64) * 1000
     waited[calls.waited < 0] = np.nan
     rows, excess = _excess_over_others(collective, waited)
+    return {rank: values for rank, values in _by_rank(calls, rows, excess).items() if len(values) >= MIN_COLLECTIVES}
+
+
+def _by_rank(calls: Calls, rows: np.ndarray, values: np.ndarray) -> dict[int, np.ndarray]:
+    """rank -> its ``values`` (one per row of ``rows``), in creation order."""
     if not len(rows):
         return {}
     ranks = calls.rank[rows]
-    return {int(rank): excess[ranks == rank] for rank in np.unique(ranks).tolist()
-            if np.count_nonzero(ranks == rank) >= MIN_COLLECTIVES}
+    order = np.lexsort((calls.created[rows], ranks))
+    starts, sizes = _segments(ranks[order])
+    return {int(ranks[order[start]]): values[order[start:start + size]]
+            for start, size in zip(starts.tolist(), sizes.tolist())}
 
 
 def _judged_by_waits(excesses: np.ndarray | None, lateness: float) -> tuple[int | None, bool | None]:
@@ -185,10 +187,10 @@ def _judged_by_waits(excesses: np.ndarray | None, lateness: float) -> tuple[int 
     falls short of half of it) or cannot tell (None)."""
     if excesses is None:
         return None, None
-    shortfall = -_trimmed_mean(excesses)
-    if shortfall >= lateness / 2:
+    shortfall, error = -_trimmed_mean(excesses), NOISE_FACTOR * _batch_error(excesses)
+    if shortfall - error >= lateness / 2:
         return int(shortfall), True
-    if shortfall + NOISE_FACTOR * _batch_error(excesses) < lateness / 2:
+    if shortfall + error < lateness / 2:
         return int(shortfall), False
     return int(shortfall), None
 

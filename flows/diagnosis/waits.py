@@ -4,8 +4,10 @@ Where a rank is: with NCCL, inside its ``started`` entries (or, with timing off,
 unfinished one); with gloo, whose entries all stay ``scheduled``, in its newest entry (a gloo
 collective blocks the calling thread). Inside collective ``#n`` of group ``g`` it waits for every
 member that has not started ``#n``: one that never issued it (an *absent* edge: it skipped it,
-went elsewhere, or left no dump) and, with NCCL, one whose ``#n`` is only enqueued (a *behind*
-edge: its GPU is still in something earlier).
+went elsewhere, or left no dump, unless a peer completed a call that is not rooted: then every
+member joined it) and, with NCCL, one whose ``#n`` is only enqueued (a *behind* edge: its GPU is
+still in something earlier). A rank whose own ``#n`` is only enqueued while a peer started it
+waits for no one there: its device has not reached it.
 
 Following the edges ends at a rank that waits for nobody (a sink: the root of a hang) or goes
 round a cycle. A cycle is not always a deadlock: a rank that skipped a collective can go on to a
@@ -162,7 +164,8 @@ def waiting_positions(calls: Calls, stateless: set[int], *, in_transfer: dict[in
 
 
 def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequences], dumped: set[int],
-                     *, stateless: set[int]) -> WaitGraph:
+                     *, stateless: set[int], rooted: set[int] = frozenset()) -> WaitGraph:
+    """``rooted``: the call values of rooted collectives (a broadcast's root can complete alone)."""
     graph = WaitGraph()
     last = {code: seqs.last_seq() for code, seqs in sequences.items()}
     calls: dict[tuple[int, int], _Call] = {}  # what every rank waiting in one call shares, worked out once
@@ -172,7 +175,7 @@ def build_wait_graph(positions: list[Position], sequences: dict[int, GroupSequen
             continue
         key = (position.group, position.seq)
         if key not in calls:
-            calls[key] = _Call.of(seqs, position.seq, last[position.group], dumped, stateless)
+            calls[key] = _Call.of(seqs, position.seq, last[position.group], dumped, stateless, rooted)
         call = calls[key]
         if call.states.get(position.rank) == SCHEDULED and call.started:
             continue  # its device has not started the call its peers started: it waits for no one there
@@ -207,9 +210,10 @@ class _Call:
 
     @classmethod
     def of(cls, seqs: GroupSequences, seq: int, reached: dict[int, int], dumped: set[int],
-           stateless: set[int]) -> "_Call":
+           stateless: set[int], rooted: set[int]) -> "_Call":
         states = seqs.states_at(seq)
-        completed = COMPLETED in states.values()  # a collective completes only once every member joined
+        # a collective that is not rooted completes on a member only once every member joined
+        completed = COMPLETED in states.values() and not set(seqs.values_at(seq).values()) & rooted
         absent = [m for m in seqs.group.members
                   if (m not in dumped and not completed) or (m in dumped and m not in states and reached.get(m, -1) < seq)]
         scheduled = [m for m in seqs.group.members

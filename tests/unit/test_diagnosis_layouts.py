@@ -966,3 +966,22 @@ def test_ranks_of_a_node_that_went_down_are_one_missing_dump_finding():
     result = diagnose(concatenate(parts, vocabulary), listed=job.members, dumped=[0, 1, 2, 3])
     assert [(f.kind, f.culprit_ranks) for f in result.findings] == [("missing_dump", [4, 5, 6, 7])]
     assert result.root.headline().startswith("ranks 4, 5, 6, 7 left no dump; their peers wait in all_reduce #6")
+
+
+def test_live_a_rank_whose_heartbeats_stopped_leads_the_peer_it_left_stuck():
+    """Rank 3 died inside all_reduce #7 (live: its heartbeats stopped): ranks 0 and 1 completed it,
+    rank 2 cannot. The death explains rank 2, not the reverse."""
+    from rankstream.flows.diagnosis.report import _name_the_dead
+
+    for rank2_enqueued_next in (True, False):
+        job = Groups({GROUP[0]: [0, 1, 2, 3]}, desc=GROUP[1])
+        for step in range(8):
+            for rank in range(4):
+                if step == 7 and rank == 2 and not rank2_enqueued_next:
+                    continue
+                state = "completed" if step < 6 else ("started" if rank == 2 else "completed") if step == 6 else (
+                    "scheduled" if rank == 2 else "started")
+                job.call(rank, GROUP[0], state=state)
+        result = job.diagnosis(without=3)
+        _name_the_dead(result, {3}, None)
+        assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [3])
