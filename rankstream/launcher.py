@@ -47,6 +47,9 @@ RUN_FLUSH_INTERVAL_S = 1.0
 #: How often the live findings are looked up: as often as the hang watch passes. Each lookup is a
 #: query the materializer answers on the cores the job needs.
 FINDINGS_EVERY_S = 2.0
+#: Once no rank has stepped for this long (the watch records a hang after 5 s), they are looked up
+#: twice as often: the culprit is then named up to a second sooner.
+QUIET_AFTER_S = 2.0
 #: How long a killed job may take to end before it is killed for good.
 KILL_GRACE_S = 10.0
 
@@ -229,6 +232,7 @@ class _Watch:
     def __init__(self, config: Config, run_id: str, run_dir: Path, options: JobOptions, say) -> None:
         self.config, self.run_id, self.run_dir, self.options, self.say = config, run_id, run_dir, options, say
         self.reported: set[tuple] = set()
+        self.quiet = False  # no rank stepped for QUIET_AFTER_S at the last status
         self.database = None
 
     def _db(self):
@@ -242,7 +246,7 @@ class _Watch:
         """Until the job ends; True if it was ended here (``--on-hang kill``)."""
         next_status = time.monotonic() + self.options.status_every_s
         while job.poll() is None:
-            time.sleep(FINDINGS_EVERY_S)
+            time.sleep(FINDINGS_EVERY_S / 2 if self.quiet else FINDINGS_EVERY_S)
             self.follow_agreed_id()
             try:
                 if time.monotonic() >= next_status:
@@ -279,6 +283,7 @@ class _Watch:
                 + (f"-{max(steps)}" if max(steps) != min(steps) else "")
                 + pace({row["rank"]: row["recent_step_ms"] for row in rows}))
         quiet_s = (time.time_ns() - max(row["last_ns"] for row in rows)) / 1e9
+        self.quiet = quiet_s >= QUIET_AFTER_S
         if quiet_s > 2 * self.options.status_every_s:
             text += f", no new step for {quiet_s:,.0f} s"
         return text + lag
