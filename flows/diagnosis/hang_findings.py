@@ -71,17 +71,18 @@ def _in_call(run: Run) -> dict[int, int]:
     """rank -> the record of its oldest started, unfinished entry that is not a send or receive (a
     collective, or the close that carries a batch of transfers' state)."""
     entries = run.entries
-    rows = np.flatnonzero((entries.state == 1) & (~entries.is_p2p | (entries.peer < 0)))
-    found: dict[int, int] = {}
-    for rank, record in zip(entries.rank[rows].tolist(), entries.record[rows].tolist()):
-        found[rank] = min(record, found.get(rank, record))
-    return found
+    return _oldest_started(run, ~entries.is_p2p | (entries.peer < 0))
 
 
 def _in_transfer(run: Run) -> dict[int, int]:
     """rank -> the record of its oldest started, unfinished send or receive."""
+    return _oldest_started(run, run.entries.is_p2p)
+
+
+def _oldest_started(run: Run, kind: np.ndarray) -> dict[int, int]:
+    """rank -> the record of its oldest started, unfinished entry among the rows ``kind`` marks."""
     entries = run.entries
-    rows = np.flatnonzero(entries.is_p2p & (entries.state == 1))
+    rows = np.flatnonzero(kind & (entries.state == 1))
     found: dict[int, int] = {}
     for rank, record in zip(entries.rank[rows].tolist(), entries.record[rows].tolist()):
         found[rank] = min(record, found.get(rank, record))

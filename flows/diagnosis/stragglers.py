@@ -137,7 +137,7 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
     if not len(calls):
         return []
     collective, delay = _release_delays(calls, members)
-    waits = _wait_excesses(calls, collective)
+    waits: dict[int, np.ndarray] | None = None  # worked out only for a run that has a suspect
     rows, excess = _excess_over_others(collective, delay)
     if not len(rows):
         return []
@@ -153,6 +153,8 @@ def find_stragglers(calls: Calls, members: dict[int, int], *, clock_error_ns: in
         lateness = _trimmed_mean(values)
         if lateness <= threshold:
             continue
+        if waits is None:
+            waits = _wait_excesses(calls, collective)
         shortfall, confirmed = _judged_by_waits(waits.get(rank), lateness)
         if confirmed is False:
             continue  # it waits as long as its peers: its clock, not its pace, puts it last
