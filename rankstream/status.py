@@ -20,7 +20,11 @@ from rankstream.deploy.broker import broker_status
 from rankstream.schemas.config import Config
 from rankstream.services import materializer_pid
 
-__all__ = ["collect_status", "render_status"]
+__all__ = ["collect_status", "render_status", "SILENT_AFTER_S"]
+
+#: A run whose ranks have not all said goodbye, and from which nothing was heard for this long
+#: (ranks send a heartbeat every second), is no longer running: its ranks were killed or crashed.
+SILENT_AFTER_S = 30
 
 RUNS_SQL = """
 WITH latest_heartbeat AS (
@@ -48,6 +52,10 @@ WITH latest_heartbeat AS (
            sum(windows_lost)::BIGINT AS windows_lost,
            max(sent_ns) AS last_heartbeat_ns, count(DISTINCT rank) AS ranks_heartbeating
     FROM latest_heartbeat GROUP BY run_id
+), heard AS (
+    SELECT run_id, max(sent_ns) AS last_heard_ns
+    FROM (SELECT run_id, sent_ns FROM heartbeats UNION ALL SELECT run_id, sent_ns FROM rank_metadata)
+    GROUP BY run_id
 )
 SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.run_id) AS ranks_seen,
        r.started_at, r.ended_at, r.removed_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
@@ -55,11 +63,11 @@ SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.
        coalesce(p.broker_resets, 0) AS broker_resets, coalesce(p.resent, 0) AS resent,
        coalesce(p.not_resent, 0) AS not_resent, coalesce(p.send_failures, 0) AS send_failures,
        coalesce(p.windows_lost, 0) AS windows_lost,
-       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns,
+       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns, h.last_heard_ns,
        coalesce(x.ranks_with_several_processes, 0) AS ranks_with_several_processes
 FROM runs r
 LEFT JOIN batches b USING (run_id) LEFT JOIN gaps g USING (run_id) LEFT JOIN processes x USING (run_id)
-LEFT JOIN fr USING (run_id) LEFT JOIN producers p USING (run_id)
+LEFT JOIN fr USING (run_id) LEFT JOIN producers p USING (run_id) LEFT JOIN heard h USING (run_id)
 ORDER BY r.started_at DESC
 """
 
@@ -81,9 +89,25 @@ def collect_status(config: Config) -> dict[str, Any]:
         return report
     database = connect(config.db_path)
     report["runs"] = database.arrow(RUNS_SQL).to_pylist()
+    now_ns = time.time_ns()
+    for run in report["runs"]:
+        run["state"] = _state(run, now_ns)
     report["rejects"] = database.fetchall("SELECT count(*) FROM rejects")[0][0]
     report["live_findings"] = live_findings(database)
     return report
+
+
+def _state(run: dict, now_ns: int) -> str:
+    """``ended <when>``, ``removed``, ``running``, or ``silent since <when>``: a run killed or
+    crashed before its ranks said goodbye never gets an end, and is not running either."""
+    if run["removed_at"]:
+        return "removed"
+    if run["ended_at"]:
+        return f"ended {run['ended_at']}"
+    last = run["last_heard_ns"]
+    if last is not None and now_ns - last > SILENT_AFTER_S * 1e9:
+        return f"silent since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last // 10**9))}"
+    return "running"
 
 
 def live_findings(database, run_id: str | None = None) -> list[dict]:
@@ -115,11 +139,11 @@ def render_status(report: dict[str, Any], console: Console) -> None:
                       + (f", last error: {m['last_error']}" if m.get("last_error") else ""))
     else:
         console.print("materializer: not running")
-    table = Table("run", "world", "ranks", "started", "ended", "events", "fr entries", "dropped",
+    table = Table("run", "world", "ranks", "started", "state", "events", "fr entries", "dropped",
                   "spooled", "broker resets", "not resent", "missing msgs", title="runs")
     for run in report["runs"]:
         table.add_row(str(run["run_id"]), str(run["world_size"]), str(run["ranks_seen"]), str(run["started_at"]),
-                      "removed" if run["removed_at"] else str(run["ended_at"] or "running"), f"{run['events']:,}", f"{run['fr_entries']:,}",
+                      run["state"], f"{run['events']:,}", f"{run['fr_entries']:,}",
                       f"{run['dropped']:,}", f"{run['spooled']:,}", f"{run['broker_resets']:,}",
                       f"{run['not_resent']:,}", f"{run['missing_messages']:,}")
     console.print(table)

@@ -186,12 +186,13 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
         for rank in ranks:
             found.pop(rank)
         found[min(ranks)] = _stuck_in_previous(run, graph, code, seq, ranks, blocked)
-    return _one_per_call(list(found.values()))
+    return _one_per_call(run, list(found.values()), where)
 
 
-def _one_per_call(findings: list[Finding]) -> list[Finding]:
+def _one_per_call(run: Run, findings: list[Finding], where: dict[int, Position]) -> list[Finding]:
     """Ranks without a dump that the same ranks wait for in the same call are one finding (a node
-    that went down takes all its ranks with it: one cause, not one per rank)."""
+    that went down takes all its ranks with it: one cause, not one per rank). ``where``: the call
+    each culprit's waiters wait in first."""
     kept: list[Finding] = []
     first_of: dict[tuple, Finding] = {}
     for finding in findings:
@@ -204,9 +205,8 @@ def _one_per_call(findings: list[Finding]) -> list[Finding]:
             kept.append(finding)
             continue
         first.culprit_ranks = sorted(first.culprit_ranks + finding.culprit_ranks)
-        place = first.evidence[0].split(", first in ", 1)[-1]
-        first.evidence[0] = (f"{ranks_text(first.culprit_ranks)} left no dump; {len(first.waiting_ranks)} rank(s) "
-                             f"wait for them, first in {place}")
+        first.evidence[0] = _no_dump_line(run, first.culprit_ranks, first.waiting_ranks,
+                                          where[first.culprit_ranks[0]])
     return kept
 
 
@@ -733,8 +733,7 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge], *,
         return Finding(kind="missing_dump", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                        seq=where.seq, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
                        inferred=disputed,
-                       evidence=[f"rank {rank} left no dump; {len(waiting)} rank(s) wait for it, first in "
-                                 f"{place_of(run, where)}"]
+                       evidence=[_no_dump_line(run, [rank], waiting, where)]
                        + ([f"the ranks that left dumps issued different calls at #{where.seq}"] if disputed else []))
     last = seqs.last_seq().get(rank)
     evidence = [f"rank {rank}'s last call in {group.label} is " + (f"#{last}" if last else "none") +
@@ -746,6 +745,11 @@ def _absent(run: Run, graph: WaitGraph, rank: int, edges: list[Edge], *,
     return Finding(kind="skipped_collective", culprit_ranks=[rank], group=group.name, group_desc=group.desc,
                    seq=seq, seq_range=stretch, expected=run.describe(expected), waiting_ranks=waiting, in_flight=True,
                    evidence=evidence)
+
+
+def _no_dump_line(run: Run, ranks: list[int], waiting: list[int], where: Position) -> str:
+    them = "them" if len(ranks) > 1 else "it"
+    return f"{ranks_text(ranks)} left no dump; {len(waiting)} rank(s) wait for {them}, first in {place_of(run, where)}"
 
 
 def _p2p_mismatch(run: Run, mismatch: Mismatch) -> Finding:

@@ -404,6 +404,26 @@ def test_the_report_and_status_warn_when_a_rank_came_from_two_processes(db, tmp_
     assert "1 rank(s) were sent by more than one process" in console.export_text()
 
 
+def test_status_tells_a_run_that_went_silent_from_one_running_and_one_that_ended(db, tmp_path):
+    """A run killed before its ranks said goodbye (``--on-hang kill``, a crash) never gets an end;
+    once nothing was heard from it for a while, status says so instead of "running"."""
+    import time
+
+    from rankstream.schemas.settings import load_config
+    from rankstream.status import SILENT_AFTER_S, collect_status
+
+    build_run(db, run_id="killed")  # its heartbeats were sent long ago, and none was final
+    build_run(db, run_id="done", finished=True)
+    build_run(db, run_id="live")
+    with duckdb.connect(str(db)) as con:  # a heartbeat from a second ago: still going
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
+                    "VALUES ('live', 0, 's0', $1, false)", [time.time_ns() - 10**9])
+    states = {run["run_id"]: run["state"] for run in
+              collect_status(load_config({"db_path": db, "state_dir": tmp_path / "state"}, env={}))["runs"]}
+    assert states["killed"].startswith("silent since ") and states["done"].startswith("ended ")
+    assert states["live"] == "running" and SILENT_AFTER_S >= 10
+
+
 @given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50), st.booleans()), max_size=60))
 def test_union_lengths_count_every_covered_instant_once(intervals):
     from rankstream.flows.breakdown import _union_ns

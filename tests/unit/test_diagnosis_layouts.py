@@ -966,6 +966,7 @@ def test_ranks_of_a_node_that_went_down_are_one_missing_dump_finding():
     result = diagnose(concatenate(parts, vocabulary), listed=job.members, dumped=[0, 1, 2, 3])
     assert [(f.kind, f.culprit_ranks) for f in result.findings] == [("missing_dump", [4, 5, 6, 7])]
     assert result.root.headline().startswith("ranks 4, 5, 6, 7 left no dump; their peers wait in all_reduce #6")
+    assert result.root.evidence[0].startswith("ranks 4, 5, 6, 7 left no dump; 4 rank(s) wait for them, first in ")
 
 
 def test_live_a_rank_whose_heartbeats_stopped_leads_the_peer_it_left_stuck():
