@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rankstream.consumers.query import connect
 from rankstream.schemas.errors import BadInput
+from rankstream.schemas.tables import SILENT_AFTER_S
 from rankstream.flows.breakdown import analyze_breakdown
 from rankstream.flows.comms import analyze_communication
 from rankstream.flows.gpu_breakdown import analyze_gpu_breakdown
@@ -59,11 +60,18 @@ def analyze_everything(db_path: Path, run_id: str, collectives: bool = True,
     return seconds
 
 
-def finished_runs_to_analyze(db_path: Path) -> list[str]:
-    """Runs whose ranks have all sent their final heartbeat and that were not analyzed since
-    (the end-of-run trigger)."""
-    return [run for (run,) in connect(db_path).fetchall("""
-        SELECT r.run_id FROM runs r
-        WHERE r.ended_at IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM analyses_done a WHERE a.run_id = r.run_id AND a.analysis = 'end_of_run')
-        ORDER BY r.started_at""")]
+def finished_runs_to_analyze(db_path: Path) -> list[tuple[str, str]]:
+    """(run, how it is over) for the end-of-run trigger: ``end_of_run`` when its ranks have all
+    sent their final heartbeat, ``went_silent`` when nothing was heard from it for
+    ``SILENT_AFTER_S`` (killed, crashed), each not analyzed as such yet. A run analyzed when it
+    went silent that then resumes and ends is analyzed again at its end."""
+    return connect(db_path).fetchall("""
+        SELECT run_id, how FROM (
+            SELECT r.run_id, r.started_at,
+                   CASE WHEN r.ended_at IS NOT NULL THEN 'end_of_run'
+                        WHEN r.last_heard_ns < epoch_ns(now()) - $silent::BIGINT * 1_000_000_000 THEN 'went_silent' END AS how
+            FROM runs r WHERE r.removed_at IS NULL) r
+        WHERE how IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM analyses_done a WHERE a.run_id = r.run_id
+                          AND a.analysis IN (how, 'end_of_run'))
+        ORDER BY started_at""", {"silent": SILENT_AFTER_S})

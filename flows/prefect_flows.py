@@ -144,12 +144,13 @@ def run_analyses(db_path: str = "rankstream.duckdb", run_id: str = "", timeline_
 
 @flow(name="rankstream-end-of-run")
 def end_of_run(db_path: str = "rankstream.duckdb", timeline_dir: str | None = None) -> list[str]:
-    """The end-of-run trigger: every run whose ranks have all sent their final heartbeat gets its
-    analyses once (marked ``end_of_run`` in ``analyses_done``). Scheduled every few seconds."""
+    """The end-of-run trigger: every run whose ranks have all sent their final heartbeat, or that
+    went silent (killed, crashed: the runs most in need of a diagnosis), gets its analyses once
+    (marked ``end_of_run`` or ``went_silent`` in ``analyses_done``). Scheduled every few seconds."""
     done = []
-    for run in finished_runs_to_analyze(Path(db_path)):
+    for run, how in finished_runs_to_analyze(Path(db_path)):
         run_analyses(db_path, run, timeline_dir)
-        replace_run_rows(Path(db_path), run, "end_of_run", tables=[], statements=[])  # no rows: just record it in analyses_done
+        replace_run_rows(Path(db_path), run, how, tables=[], statements=[])  # no rows: just record it in analyses_done
         done.append(run)
     return done
 

@@ -29,10 +29,8 @@ LIVE_S = 600
 
 _CANDIDATES_SQL = """
 SELECT r.run_id, epoch_ns(r.started_at) AS started_ns, r.world_size,
-       r.ended_at IS NULL AND coalesce(h.last_ns, 0) > $live_after AS in_progress
-FROM runs r LEFT JOIN (SELECT run_id, max(sent_ns) AS last_ns
-                       FROM (SELECT run_id, sent_ns FROM heartbeats UNION ALL SELECT run_id, sent_ns FROM rank_metadata)
-                       GROUP BY run_id) h USING (run_id)
+       r.ended_at IS NULL AND coalesce(r.last_heard_ns, 0) > $live_after AS in_progress
+FROM runs r
 WHERE r.removed_at IS NULL
 ORDER BY r.started_at DESC NULLS LAST, r.run_id
 """

@@ -18,13 +18,10 @@ from rankstream.consumers.materializer import status_path
 from rankstream.consumers.query import connect
 from rankstream.deploy.broker import broker_status
 from rankstream.schemas.config import Config
+from rankstream.schemas.tables import SILENT_AFTER_S
 from rankstream.services import materializer_pid
 
-__all__ = ["collect_status", "render_status", "SILENT_AFTER_S"]
-
-#: A run whose ranks have not all said goodbye, and from which nothing was heard for this long
-#: (ranks send a heartbeat every second), is no longer running: its ranks were killed or crashed.
-SILENT_AFTER_S = 30
+__all__ = ["collect_status", "render_status"]
 
 RUNS_SQL = """
 WITH latest_heartbeat AS (
@@ -52,10 +49,6 @@ WITH latest_heartbeat AS (
            sum(windows_lost)::BIGINT AS windows_lost,
            max(sent_ns) AS last_heartbeat_ns, count(DISTINCT rank) AS ranks_heartbeating
     FROM latest_heartbeat GROUP BY run_id
-), heard AS (
-    SELECT run_id, max(sent_ns) AS last_heard_ns
-    FROM (SELECT run_id, sent_ns FROM heartbeats UNION ALL SELECT run_id, sent_ns FROM rank_metadata)
-    GROUP BY run_id
 )
 SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.run_id) AS ranks_seen,
        r.started_at, r.ended_at, r.removed_at, coalesce(b.events, 0) AS events, coalesce(fr.fr_entries, 0) AS fr_entries,
@@ -63,11 +56,11 @@ SELECT r.run_id, r.world_size, (SELECT count(*) FROM ranks k WHERE k.run_id = r.
        coalesce(p.broker_resets, 0) AS broker_resets, coalesce(p.resent, 0) AS resent,
        coalesce(p.not_resent, 0) AS not_resent, coalesce(p.send_failures, 0) AS send_failures,
        coalesce(p.windows_lost, 0) AS windows_lost,
-       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns, h.last_heard_ns,
+       coalesce(g.missing_messages, 0) AS missing_messages, p.last_heartbeat_ns, r.last_heard_ns,
        coalesce(x.ranks_with_several_processes, 0) AS ranks_with_several_processes
 FROM runs r
 LEFT JOIN batches b USING (run_id) LEFT JOIN gaps g USING (run_id) LEFT JOIN processes x USING (run_id)
-LEFT JOIN fr USING (run_id) LEFT JOIN producers p USING (run_id) LEFT JOIN heard h USING (run_id)
+LEFT JOIN fr USING (run_id) LEFT JOIN producers p USING (run_id)
 ORDER BY r.started_at DESC
 """
 

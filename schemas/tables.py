@@ -17,7 +17,8 @@ from rankstream.schemas.columns import Column as C
 from rankstream.schemas.columns import Table
 
 __all__ = ["TRACE_EVENTS", "FR_ENTRIES", "PROCESS_GROUPS", "HEARTBEATS", "HEARTBEAT_COUNTERS", "RANK_METADATA", "REJECTS", "INPUT_REJECTS", "REMOVED_RUNS", "TABLES", "table",
-           "PROJECTION_TABLES", "BOOKKEEPING_TABLES", "ddl", "SCHEMA_VERSION", "EXISTING_COLUMNS_SQL"]
+           "PROJECTION_TABLES", "BOOKKEEPING_TABLES", "ddl", "SCHEMA_VERSION", "EXISTING_COLUMNS_SQL",
+           "SILENT_AFTER_S"]
 
 _RUN, _RANK = C("run_id", "VARCHAR", not_null=True), C("rank", "INTEGER", not_null=True)
 
@@ -174,6 +175,11 @@ def _views() -> str:
 def _script() -> str:
     return "\n".join(table.ddl() for table in TABLES) + "\n" + _views()
 
+
+#: A run whose ranks have not all said goodbye, and from which nothing was heard for this long
+#: (``runs.last_heard_ns``; ranks send a heartbeat every second, even while hung), is over: its
+#: ranks were killed or crashed. Status says since when it is silent, and ``serve`` analyses it.
+SILENT_AFTER_S = 30
 
 #: Changes whenever a declaration or views.sql does; a database records the version its DDL came from.
 SCHEMA_VERSION = hashlib.sha256(_script().encode()).hexdigest()[:16]

@@ -16,17 +16,24 @@ WITH started AS (
 ), finished AS (
     SELECT run_id, count(DISTINCT rank) AS final_ranks, max(sent_ns) AS last_final_ns
     FROM heartbeats WHERE final GROUP BY run_id
+), heard AS (
+    -- ranks send a heartbeat every second while they live: a run killed before its ranks said
+    -- goodbye never gets an end, and this says since when it is silent
+    SELECT run_id, max(sent_ns) AS last_heard_ns
+    FROM (SELECT run_id, sent_ns FROM heartbeats UNION ALL SELECT run_id, sent_ns FROM rank_metadata)
+    GROUP BY run_id
 )
 SELECT s.run_id,
        make_timestamp(s.started_at_ns // 1000) AS started_at,
        CASE WHEN f.final_ranks >= s.world_size THEN make_timestamp(f.last_final_ns // 1000) END AS ended_at,
        s.world_size,
        s.metadata,
-       NULL::TIMESTAMP AS removed_at
-FROM started s LEFT JOIN finished f USING (run_id)
+       NULL::TIMESTAMP AS removed_at,
+       h.last_heard_ns
+FROM started s LEFT JOIN finished f USING (run_id) LEFT JOIN heard h USING (run_id)
 UNION ALL
 -- a removed run stays listed (its tombstone), with when it was removed
-SELECT run_id, make_timestamp(started_ns // 1000), NULL, world_size, NULL, make_timestamp(removed_ns // 1000)
+SELECT run_id, make_timestamp(started_ns // 1000), NULL, world_size, NULL, make_timestamp(removed_ns // 1000), NULL
 FROM removed_runs WHERE run_id NOT IN (SELECT run_id FROM started);
 
 CREATE OR REPLACE VIEW fr_entries_latest AS

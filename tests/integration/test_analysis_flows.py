@@ -108,6 +108,9 @@ def test_serve_runs_the_end_of_run_trigger_on_a_real_prefect_server(tmp_path):
     db = tmp_path / "served.duckdb"
     build_run(db, run_id="ended", finished=True)
     build_run(db, run_id="running", finished=False)
+    with duckdb.connect(str(db)) as con:  # heard from ahead of now: it stays live for the whole test
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
+                    "VALUES ('running', 0, 's0', $1, false)", [time.time_ns() + 600 * 10**9])
     prefect_file = tmp_path / "prefect.yaml"
     prefect_file.write_text("deployments:\n  - name: end-of-run\n    entrypoint: flows/prefect_flows.py:end_of_run\n"
                             "    schedules:\n      - interval: 2\n")

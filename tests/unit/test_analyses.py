@@ -424,6 +424,28 @@ def test_status_tells_a_run_that_went_silent_from_one_running_and_one_that_ended
     assert states["live"] == "running" and SILENT_AFTER_S >= 10
 
 
+def test_the_end_of_run_trigger_takes_runs_that_went_silent_and_again_when_they_end(db):
+    """A killed run never ends, yet it is the one most in need of its analyses."""
+    import time
+
+    from rankstream.flows.pipeline import finished_runs_to_analyze
+    from rankstream.flows.run_tables import replace_run_rows
+
+    build_run(db, run_id="killed")  # heard from long ago, no final heartbeat
+    build_run(db, run_id="done", finished=True)
+    build_run(db, run_id="live")
+    with duckdb.connect(str(db)) as con:
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
+                    "VALUES ('live', 0, 's0', $1, false)", [time.time_ns()])
+    assert sorted(finished_runs_to_analyze(db)) == [("done", "end_of_run"), ("killed", "went_silent")]
+    replace_run_rows(db, "killed", "went_silent", tables=[], statements=[])
+    assert finished_runs_to_analyze(db) == [("done", "end_of_run")]
+    with duckdb.connect(str(db)) as con:  # it was only cut off: its ranks come back and say goodbye
+        con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
+                    "SELECT 'killed', rank, 's' || rank, $1, true FROM range(4) t(rank)", [time.time_ns()])
+    assert sorted(finished_runs_to_analyze(db)) == [("done", "end_of_run"), ("killed", "end_of_run")]
+
+
 @given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 50), st.booleans()), max_size=60))
 def test_union_lengths_count_every_covered_instant_once(intervals):
     from rankstream.flows.breakdown import _union_ns
