@@ -410,7 +410,10 @@ def came_early(calls: Calls, rank: int, *, call: tuple[int, int], other: tuple[i
 def _fewest_before(calls: Calls, rank: int, *, group: int, seq: int, other: tuple[int, int],
                    from_start: bool) -> int | None:
     """The fewest calls of kind ``other`` the rank issued between two calls of ``group`` before
-    ``seq``, when it issued fewer than that between calls ``seq - 1`` and ``seq``; else None."""
+    ``seq``, when it issued fewer than that between calls ``seq - 1`` and ``seq``; else None. The
+    earlier stretches that end in the same call as ``seq`` are the ones compared when there are
+    any: a group whose period holds other calls too (a barrier every few steps right after the
+    step's all-reduce) has shorter stretches before those, which say nothing about this one."""
     rows = in_issue_order(calls, rank)
     marks: dict[int, int] = {}  # seq -> position of the rank's first call of that number in the group
     for index in np.flatnonzero(calls.group[rows] == group).tolist():
@@ -423,6 +426,11 @@ def _fewest_before(calls: Calls, rank: int, *, group: int, seq: int, other: tupl
         if previous is not None and previous < position:
             stretches[number] = int(before[position] - before[previous + 1])
     earlier = [count for number, count in stretches.items() if number < seq]
+    if seq in marks:
+        value = calls.value[rows]
+        alike = [count for number, count in stretches.items()
+                 if number < seq and value[marks[number]] == value[marks[seq]]]
+        earlier = alike or earlier
     if not earlier and from_start and 1 in marks and seq > 1:
         earlier = [int(before[marks[1]])]  # only when no whole period is there: it may start mid-period
     if seq in stretches and earlier and stretches[seq] < min(earlier):

@@ -689,6 +689,25 @@ def test_of_two_ranks_that_swapped_calls_of_groups_with_different_rates_the_one_
     assert "its peer kept to its program" in root.evidence[0]
 
 
+def test_a_swap_is_told_from_the_rank_s_own_steps_when_a_barrier_follows_the_step_s_call_now_and_then():
+    """Two buckets all-reduced in a pair group, then a world all_reduce, every step; every third
+    step a world barrier right after it (a stretch with no bucket before it). In the last step rank
+    1 issues the world call before its second bucket. Its program is told by the stretches that end
+    in the same call: two buckets before every world all_reduce, none before a barrier."""
+    job = Groups({"dp": [0, 1], "world": [0, 1]}, desc={"dp": "DATA_PARALLEL_GROUP", "world": "default_pg"})
+    for step in range(7):
+        last = step == 6
+        for rank in (0, 1):
+            order = ["dp", "world", "dp"] if last and rank == 1 else ["dp", "dp", "world"]
+            for index, group in enumerate(order):
+                state = "completed" if not last or index == 0 else ("started" if index == 1 else "scheduled")
+                job.call(rank, group, size=1 if group == "world" else 8, state=state)
+            if step % 3 == 2:
+                job.call(rank, "world", size=2)  # the barrier
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.group) == ("order_mismatch", [1], "dp")
+
+
 def test_a_rank_of_a_two_rank_group_that_skipped_one_of_two_alike_buckets_is_named_not_its_peer():
     """Two ranks all-reduce two alike gradient buckets, then a world all_reduce, every step. In the
     last step rank 1 skips the second bucket and goes on to the world call: each waits for the
