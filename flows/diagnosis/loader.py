@@ -23,7 +23,7 @@ from rankstream.producers.fr_reader import groups_from_pg_config, list_fr_files,
 from rankstream.producers.importing import check_input_file, paused_gc
 from rankstream.schemas.errors import BadInput
 
-__all__ = ["LoadedDumps", "load_directory", "stack_at"]
+__all__ = ["LoadedDumps", "load_directory", "stack_at", "inside_for"]
 
 #: Below this many files, starting worker processes costs more than it saves.
 _PARALLEL_FROM = 16
@@ -173,3 +173,31 @@ def stack_at(path: Path, group: str | None, seq: int | None) -> list[dict]:
     frames = chosen.get("frames") if chosen else None
     return [{"name": f.get("name"), "filename": f.get("filename"), "line": f.get("line")}
             for f in frames if isinstance(f, dict)][:20] if isinstance(frames, list) else []
+
+
+def inside_for(path: Path, group: str, seq: int) -> int | None:
+    """Nanoseconds from the rank's creation of collective ``seq`` of ``group`` to the dump, when
+    it was inside that call then; None when the dump does not show it. torch stamps a call it
+    finds started only when it dumps (``time_discovered_started_ns``), so that stamp is the dump's
+    moment when it is the dump's newest time: minutes after a timeout, milliseconds in a dump taken
+    while the job ran."""
+    try:
+        entries = parse_dump(path.read_bytes(), str(path))["entries"]
+    except (BadInput, OSError):
+        return None
+    newest, found = 0, None
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        times = [entry.get(key) for key in ("time_created_ns", "time_discovered_started_ns",
+                                             "time_discovered_completed_ns")]
+        newest = max([newest] + [t for t in times if isinstance(t, int)])
+        names = entry.get("process_group") or ()
+        if names and str(names[0]) == group and entry.get("collective_seq_id") == seq and not entry.get("is_p2p"):
+            found = entry
+    if found is None or found.get("state") != "started":
+        return None
+    created, stamped = found.get("time_created_ns"), found.get("time_discovered_started_ns")
+    if not (isinstance(created, int) and isinstance(stamped, int)) or stamped < newest or stamped < created:
+        return None
+    return stamped - created

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose, rooted
 from rankstream.flows.diagnosis.exits import Endings, rank_endings
-from rankstream.flows.diagnosis.findings import Finding, ranks_text
+from rankstream.flows.diagnosis.findings import WAIT_KINDS, Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
-from rankstream.flows.diagnosis.loader import load_directory, stack_at
+from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at
 from rankstream.flows.diagnosis.published_stacks import current_places
 from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
@@ -70,6 +70,10 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
             for rank in finding.culprit_ranks[:1]:
                 if rank in loaded.files:
                     finding.stack = stack_at(loaded.files[rank], finding.group, finding.seq)
+    for finding in result.findings[:_TIMED_FINDINGS]:
+        line = _time_inside(finding, loaded.files)
+        if line:
+            finding.evidence.append(line)
     return Report(f"fr-{directory.resolve().name}", result,
                   {"read": read - started, "diagnose": time.perf_counter() - read})
 
@@ -107,6 +111,28 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
         if finding.culprit_ranks and finding.group is not None:
             finding.stack = _stored_stack(database, run_id, finding)
     return Report(run_id, result, {"read": read - started, "diagnose": time.perf_counter() - read})
+
+
+#: The findings (root first) told how long their waiting ranks had been inside the call; each
+#: reads a waiting rank's dump again, as the stacks do.
+_TIMED_FINDINGS = 3
+
+
+def _time_inside(finding: Finding, files: dict[int, Path]) -> str | None:
+    """How long a waiting rank had been inside the call when it dumped (``loader.inside_for``):
+    what tells a hang dumped after a timeout from a dump taken while the job ran, which the
+    calls alone cannot (the same ranks are inside the same call in both)."""
+    if finding.kind not in WAIT_KINDS or finding.group is None or not finding.seq:
+        return None
+    for rank in [r for r in finding.waiting_ranks if r in files][:4]:
+        inside = inside_for(files[rank], finding.group, finding.seq)
+        if inside is not None:
+            text = f"{inside / 1e9:,.1f} s" if inside >= 10**9 else f"{inside / 1e6:,.1f} ms"
+            return (f"rank {rank} enqueued #{finding.seq} {text} before it wrote its dump and was inside it then "
+                    "(torch stamps a call it finds started at the dump)"
+                    + (": under a second, so if the dumps were taken while the job ran rather than after a "
+                       "timeout, it may have been running normally" if inside < 10**9 else ""))
+    return None
 
 
 def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -> None:

@@ -270,3 +270,33 @@ def test_sequence_numbers_stay_64_bit_when_they_do_not_fit_in_32():
     large = from_dump_entries([entry(0, ("0", "default_pg"), big, "all_reduce")], 1, {}, vocabulary=vocabulary)
     assert small.seq.dtype == np.int32 and large.seq.dtype == np.int64
     assert concatenate([small, large], vocabulary).seq.tolist() == [5, big]
+
+
+@pytest.mark.parametrize("dumped_after_ms", [4, 20 * 60 * 1000, None])
+def test_a_finding_says_how_long_its_waiting_rank_had_been_inside_the_call_when_it_dumped(tmp_path, dumped_after_ms):
+    """torch stamps a call it finds started when it dumps: rank 0 waits in all_reduce #3, which rank 1
+    never reached. A dump 20 minutes on (a timeout) and one 4 ms on (taken while the job ran) differ
+    only by that stamp. Without it (a dump whose newest time is not the stamp) nothing is claimed."""
+    import pickle
+
+    from rankstream.flows.diagnosis.report import diagnose_directory
+
+    start = 1_700_000_000_000_000_000
+    rows = {rank: [entry(i, ("0", "default_pg"), i + 1, "all_reduce", created=start + i * 10**6) for i in range(2)]
+            for rank in (0, 1)}
+    waiting = entry(2, ("0", "default_pg"), 3, "all_reduce", state="started", created=start + 3 * 10**6)
+    waiting["time_discovered_started_ns"] = start + 3 * 10**6 + (dumped_after_ms or 1) * 10**6
+    rows[0].append(waiting)
+    if dumped_after_ms is None:  # a later call created after the stamp: the stamp is not the dump's moment
+        rows[0].append(entry(3, ("0", "default_pg"), 4, "all_reduce", state="scheduled", created=start + 9 * 10**6))
+    for rank, entries in rows.items():
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": entries}))
+    root = diagnose_directory(tmp_path, prefix="rank_").diagnosis.root
+    assert root.culprit_ranks == [1]
+    told = [line for line in root.evidence if "before it wrote its dump" in line]
+    if dumped_after_ms is None:
+        assert told == []
+    elif dumped_after_ms == 4:
+        assert told and told[0].startswith("rank 0 enqueued #3 4.0 ms before") and "under a second" in told[0]
+    else:
+        assert told and told[0].startswith("rank 0 enqueued #3 1,200.0 s before") and "under a second" not in told[0]
