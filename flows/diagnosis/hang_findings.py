@@ -655,8 +655,11 @@ def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
     value = seqs.values_at(position.seq)[position.rank]
     went_on = seqs.last_seq().get(position.rank, position.seq) > position.seq
     state = "started" if seqs.states_at(position.seq)[position.rank] else "scheduled"
+    # stuck means inside it: a call its device never started, which its peers could not complete
+    # without it, is a record that disagrees with theirs (a dump older than theirs, a missed start)
+    stuck = state == "started" and not went_on
     return Finding(
-        kind="state_mismatch" if went_on else "stuck_in_collective", culprit_ranks=[position.rank],
+        kind="stuck_in_collective" if stuck else "state_mismatch", culprit_ranks=[position.rank],
         group=seqs.group.name, group_desc=seqs.group.desc, seq=position.seq, expected=run.describe(value),
         actual=run.describe(value), waiting_ranks=sorted(graph.upstream({position.rank})), in_flight=True,
         evidence=[f"every other member of {seqs.group.label} that left a dump completed #{position.seq}; rank "

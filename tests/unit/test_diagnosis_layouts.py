@@ -1005,3 +1005,19 @@ def test_live_a_rank_whose_heartbeats_stopped_leads_the_peer_it_left_stuck():
         result = job.diagnosis(without=3)
         _name_the_dead(result, {3}, None)
         assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [3])
+
+
+def test_a_rank_whose_record_never_started_a_call_its_peers_completed_is_no_rank_stuck_inside_it():
+    """Ranks 0-2 completed all_reduce #6 and wait in #7; rank 3's entry for #6 is still scheduled.
+    Its peers could not complete it without rank 3 taking part, so its record disagrees with
+    theirs (a dump older than theirs, a start it missed): it is not inside the call."""
+    job = Groups({"tp": [0, 1, 2, 3]})
+    for step in range(7):
+        for rank in range(4):
+            if step == 6 and rank == 3:
+                continue
+            state = "completed" if step < 5 or (step == 5 and rank < 3) else "scheduled" if rank == 3 else "started"
+            job.call(rank, "tp", state=state)
+    root = job.diagnosis().root
+    assert (root.kind, root.culprit_ranks, root.seq) == ("state_mismatch", [3], 6)
+    assert "rank 3's entry is still scheduled" in root.evidence[0]
