@@ -233,6 +233,7 @@ class _Watch:
         self.config, self.run_id, self.run_dir, self.options, self.say = config, run_id, run_dir, options, say
         self.reported: set[tuple] = set()
         self.quiet = False  # no rank stepped for QUIET_AFTER_S at the last status
+        self.ended_ns: int | None = None  # when --on-hang kill ended the job
         self.database = None
 
     def _db(self):
@@ -257,6 +258,7 @@ class _Watch:
                 if self.options.on_hang == "kill" and self._hang_lasted(self.options.kill_after_s):
                     self.say(f"rankstream: --on-hang kill: the hang lasted {self.options.kill_after_s:g} s, "
                              "ending the job")
+                    self.ended_ns = time.time_ns()
                     _end(job)
                     return True
             except Exception as exc:  # the database is busy or the materializer restarting: next time
@@ -335,7 +337,7 @@ class _Watch:
             self.say(f"rankstream: nothing was captured for {self.run_id} (no process created a process group)")
             return
         analyze_everything(self.config.db_path, self.run_id, collectives=False)
-        report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True)
+        report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True, ended_here_ns=self.ended_ns)
         self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
         data = gather_report(self.config.db_path, self.run_id)
         for row in data["steps"]:

@@ -73,6 +73,10 @@ FROM ranks LEFT JOIN beats USING (rank) LEFT JOIN exits USING (rank) ORDER BY ra
 """
 
 
+#: The reason given for a rank that ``run --on-hang kill`` ended.
+ENDED_BY_RUN = "the signal rankstream run --on-hang kill sent"
+
+
 @dataclass(frozen=True)
 class RankEnd:
     rank: int
@@ -101,19 +105,36 @@ class Endings:
         return f"on {end.reason}" if end.reason else "cleanly"
 
 
-def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False) -> Endings:
+def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False,
+                 ended_here_ns: int | None = None) -> Endings:
     """How each rank of ``run_id`` ended, judged at ``now_ns``. A rank heard from within ``QUIET_S``
     may still be running and is not called silent, unless ``job_over`` (the job launched on this
     host ended: ``run`` after its job) and the rank ran on this host in a process that is gone.
     Ranks of other nodes go by ``QUIET_S``: their launch may still be running (probe 10 e02: the
-    head named another node's live ranks dead)."""
+    head named another node's live ranks dead). ``ended_here_ns``: when ``run --on-hang kill``
+    ended the job; a rank that was alive then and ended without a word was ended by it."""
     here = socket.gethostname()
     recent_ns = now_ns - int(QUIET_S * 1e9)
     ends = [_end(rank, heard, bool(goodbye), last_ns, args, exit_ns,
                  now_ns if job_over and host == here and pid is not None and not process_alive(pid) else recent_ns)
             for rank, heard, goodbye, last_ns, args, exit_ns, host, pid
             in database.fetchall(ENDINGS_SQL, {"run": run_id})]
+    if ended_here_ns is not None:
+        ends = [_ended_here(end, ended_here_ns) for end in ends]
     return Endings(ends, *_who_died(ends))
+
+
+#: A rank heard from this long before ``run`` ended the job was alive when it did (heartbeats go
+#: every second, and the last may be lost with the process).
+ALIVE_WITHIN_S = 5.0
+
+
+def _ended_here(end: RankEnd, ended_here_ns: int) -> RankEnd:
+    """A silent rank that was alive when ``run`` ended the job ended on that signal: a blocked rank
+    cannot act on SIGTERM, and the SIGKILL after it leaves no word. Not a death to blame."""
+    if end.how == "silent" and end.at_ns is not None and end.at_ns >= ended_here_ns - int(ALIVE_WITHIN_S * 1e9):
+        return RankEnd(end.rank, "signal", ENDED_BY_RUN, ended_here_ns)
+    return end
 
 
 def _end(rank: int, heard: bool, goodbye: bool, last_ns: int | None, args: str | None, exit_ns: int | None,

@@ -115,6 +115,22 @@ def test_a_rank_that_stalls_is_named_live_and_kill_ends_the_job(make_config, sta
     assert _processes_with(tag) == [], output
 
 
+@pytest.mark.timed
+def test_a_ddp_job_killed_on_its_hang_ends_with_the_hang_as_its_verdict_not_a_crash(make_config):
+    """DDP fed by DataLoader workers; rank 1 stalls before its forward. ``--on-hang kill`` ends the
+    job: rank 1, asleep, leaves no word, while its peer says it got the signal. That silence is the
+    kill's, not a death (it was read as a crash of rank 1): the verdict stays the hang."""
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--kill-after", "8", "--no-profile",
+               "--", *torchrun("ddp_train.py", "--steps", "40", "--stall-rank", "1", "--stall-step", "10")]
+    result = subprocess.run(command, env={**os.environ, **config_env(config)}, capture_output=True, text=True,
+                            timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "--on-hang kill" in output, output
+    verdicts = [line for line in result.stdout.splitlines() if re.match(r"rankstream: [A-Z]+: root cause", line)]
+    assert verdicts and verdicts[-1].startswith("rankstream: HANG: root cause: rank 1 "), output
+
+
 def _processes_with(tag: str, *, also: str = "") -> list[int]:
     """The live processes whose environment holds ``tag`` (and ``also``)."""
     found = []

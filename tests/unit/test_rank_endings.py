@@ -32,7 +32,8 @@ def _entry(record: int, group: tuple[str, str], seq: int) -> dict:
             "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
 
 
-def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None]):
+def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None],
+           ended_here_ns: int | None = None):
     """A run of ``calls`` (rank -> its (group, seq) calls, in order) whose ranks ended as ``ends``
     says: rank -> ("goodbye", at), ("heartbeat", at), (exit reason, at) or None for a rank that
     said nothing; a rank of the job missing from ``ends`` was never heard from. An exit record is
@@ -61,7 +62,7 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
                         [rank, at, json.dumps({"reason": how})])
             con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
                         "VALUES ('run', ?, 's', ?, true)", [rank, at + 10**8])
-    return diagnose_stored(Database.over(con, "endings"), "run").diagnosis
+    return diagnose_stored(Database.over(con, "endings"), "run", ended_here_ns=ended_here_ns).diagnosis
 
 
 #: Each step is a pair call (pairs 0-1 and 2-3), then a world call. Rank 1 dies before its pair's
@@ -218,3 +219,21 @@ def test_after_the_job_here_ended_only_this_hosts_gone_processes_are_over():
     hows = {end.rank: end.how for end in rank_endings(database, "run", now_ns=now, job_over=True).ends}
     assert hows == {0: "silent", 1: "running", 2: "running"}
     assert {end.how for end in rank_endings(database, "run", now_ns=now).ends} == {"running"}
+
+
+@pytest.mark.parametrize("silent_for_s", [1, 30])
+def test_a_rank_that_run_ended_itself_is_no_crash_but_one_silent_long_before_is(silent_for_s):
+    """``run --on-hang kill``: rank 1 stalled before the pair's call and was killed with the job;
+    blocked in a sleep, it left no word, while its peers said they got the signal. It was alive
+    when the job was ended (heard from a second before): the hang is the root cause, not its
+    death. A rank silent for 30 s before the kill had died before it."""
+    kill = GONE + silent_for_s * 10**9
+    ends = {1: ("heartbeat", GONE), 0: ("signal SIGTERM", kill + 10**8), 2: ("signal SIGTERM", kill + 10**8),
+            3: ("signal SIGTERM", kill + 10**8)}
+    result = _store(AT_FIRST_CALL, ends, ended_here_ns=kill)
+    if silent_for_s == 1:
+        assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("hang", "skipped_collective", [1])
+        assert not any(finding.kind == "dead_rank" for finding in result.findings)
+    else:
+        assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
+    assert _store(AT_FIRST_CALL, ends).root.kind == "dead_rank"  # without knowing of the kill: a death
