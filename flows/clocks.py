@@ -20,6 +20,10 @@ source the run has, keeps all estimates in ``clock_offsets`` and marks the best 
    rank of a synchronous job; the median difference is a coarse estimate for traces with nothing
    else.
 
+Ranks on the reference rank's host (``rank_metadata.host``) read the same wall clock: their offset
+is 0 with no error (source ``same_host``), whatever the sources above estimate; an estimate's
+error there is the estimate's, not the clocks' (a single-host run read offsets up to 74 ms and
+error bounds up to 365 ms from one barrier round, and its 100 ms straggler went unseen below them).
 Ranks with no estimate get offset 0 (source ``none``). ``aligned_events`` and every analysis apply
 the chosen offsets, so running the alignment again re-aligns everything, live runs included.
 """
@@ -41,6 +45,11 @@ WITH run_ranks AS (
     UNION SELECT DISTINCT rank FROM fr_entries WHERE run_id = $run
 ), reference AS (
     SELECT min(rank) AS rank FROM run_ranks
+), hosts AS (
+    SELECT rank, any_value(host) AS host FROM rank_metadata
+    WHERE run_id = $run AND host IS NOT NULL AND host <> '' GROUP BY rank
+), same_host AS (  -- processes of one host read one wall clock: nothing to estimate
+    SELECT h.rank FROM hosts h JOIN hosts r ON r.rank = (SELECT rank FROM reference) AND r.host = h.host
 ), composer AS (  -- imported Composer traces carry their clock sync as metadata events, in us
     SELECT rank, name, TRY_CAST(args->>'$.value' AS BIGINT) * 1000 AS value_ns,
            row_number() OVER (PARTITION BY rank, name ORDER BY ts_ns) AS nth
@@ -85,7 +94,11 @@ WITH run_ranks AS (
     FROM step_starts s JOIN step_starts r ON r.rank = (SELECT rank FROM reference) AND r.name = s.name
     GROUP BY s.rank
 ), estimates AS (
-    SELECT rank, 'barrier' AS source, 1 AS preference,
+    SELECT rank, 'same_host' AS source, 0 AS preference, 0 AS offset_ns, 0 AS error_ns, 1 AS samples,
+           'on the reference rank''s host: the same wall clock' AS detail
+    FROM same_host
+    UNION ALL
+    SELECT rank, 'barrier', 1,
            CASE WHEN lo <= hi THEN (lo + hi) // 2 ELSE best_d END AS offset_ns,
            CASE WHEN lo <= hi THEN (hi - lo) // 2 ELSE best_bound END AS error_ns, n AS samples,
            CASE WHEN lo <= hi THEN printf('%d clock-sync rounds intersected', n)
@@ -141,8 +154,17 @@ WITH aligned AS (
 ), synced AS (
     SELECT s.rank, s.sync_ns - r.sync_ns AS offset_ns, t.bound AS error_ns
     FROM tightest t JOIN samples s ON s.round = t.round JOIN samples r ON r.round = t.round AND r.rank = t.reference
+), hosts AS (
+    SELECT rank, any_value(host) AS host FROM rank_metadata
+    WHERE run_id = $run AND host IS NOT NULL AND host <> '' GROUP BY rank
+), local AS (  -- ranks on the reference's host read its very clock
+    SELECT s.rank, 0 AS offset_ns, 0 AS error_ns
+    FROM synced s JOIN hosts h ON h.rank = s.rank
+    JOIN hosts r ON r.rank = (SELECT reference FROM tightest) AND r.host = h.host
+), live AS (
+    SELECT * FROM local UNION ALL SELECT * FROM synced WHERE rank NOT IN (SELECT rank FROM local)
 )
-SELECT * FROM aligned UNION ALL SELECT * FROM synced WHERE NOT EXISTS (SELECT 1 FROM aligned)
+SELECT * FROM aligned UNION ALL SELECT * FROM live WHERE NOT EXISTS (SELECT 1 FROM aligned)
 """
 
 

@@ -111,7 +111,7 @@ def build_run(db_path: Path, run_id: str = "built", world_size: int = 4, steps: 
         for rank in range(world_size):
             reading = shared + rng.randint(0, bound) + skew[rank]
             meta.append(dict(run_id=run_id, rank=rank, world_size=world_size, session_id=f"s{rank}",
-                             sent_ns=reading, host="h", pid=100 + rank, started_at_ns=1, clock_sync_ns=reading,
+                             sent_ns=reading, host=f"h{rank}" if skew_ns else "h", pid=100 + rank, started_at_ns=1, clock_sync_ns=reading,
                              clock_error_ns=bound + rng.randint(0, 100_000), clock_round=round_number))
     _insert(con, "trace_events", events)
     _insert(con, "fr_entries", fr)
