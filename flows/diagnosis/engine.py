@@ -162,13 +162,15 @@ def rooted(findings: list[Finding], *, dead_first: bool = False) -> list[Finding
     explains the most blocked ranks (then the most specific kind, then the oldest). The findings
     whose culprits it blocks become its consequences. A missing dump is the absence of evidence: it
     ranks after a fault shown by the ranks that left dumps that at least half as many ranks wait for.
-    ``dead_first``: a rank known to have died leads (its peers' stalls follow from the death)."""
+    ``dead_first``: a rank known to have died leads (its peers' stalls follow from the death),
+    unless its death is itself inferred to follow from another finding."""
     order = {kind: i for i, kind in enumerate(KINDS)}
     direct = max((len(f.waiting_ranks) for f in findings if f.kind != "missing_dump" and not f.inferred), default=0)
     for finding in findings:
         if finding.kind == "missing_dump" and 0 < len(finding.waiting_ranks) <= 2 * direct:
             finding.inferred = True
-    findings = sorted(findings, key=lambda f: (not (dead_first and f.kind == "dead_rank"), not blocks(f), f.inferred,
+    findings = sorted(findings, key=lambda f: (not (dead_first and f.kind == "dead_rank" and not f.inferred),
+                                               not blocks(f), f.inferred,
                                                -len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
                                                f.seq if f.seq is not None else 0))
     if not findings:

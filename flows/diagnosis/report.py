@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose, rooted
 from rankstream.flows.diagnosis.exits import Endings, rank_endings
-from rankstream.flows.diagnosis.findings import WAIT_KINDS, Finding, ranks_text
+from rankstream.flows.diagnosis.findings import MISMATCH_KINDS, WAIT_KINDS, Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
 from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at
 from rankstream.flows.diagnosis.published_stacks import current_places
@@ -144,6 +144,7 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
     last entry was lost in the teardown is no tie either). Deaths the findings do not all
     name (several ranks died at once; one died before any call showed it) lead as one finding."""
     renamed = False
+    mismatched = {(f.group, f.seq): f for f in result.findings if f.kind in MISMATCH_KINDS and f.culprit_ranks}
     for finding in result.findings:
         if finding.kind in ("missing_dump", "skipped_collective") and finding.culprit_ranks \
                 and set(finding.culprit_ranks) <= set(dead):
@@ -154,6 +155,11 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
                 f"{ranks_text(finding.culprit_ranks)} stopped sending heartbeats"]) + [
                 line for line in finding.evidence
                 if not line.startswith((WENT_NOWHERE, STALLED_OUTSIDE))]  # it died: known
+            cause = mismatched.get((finding.group, finding.seq))
+            if cause is not None:  # gloo aborts the member that receives mismatched data: a victim
+                finding.inferred = True
+                finding.evidence.append(f"{cause.headline()}: a collective fed mismatched data aborts a member "
+                                        "(gloo does), so this death follows from that mismatch")
     if renamed:  # ranked again as what it is
         for finding in result.findings:
             finding.explains = []
@@ -166,7 +172,12 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
         result.findings.insert(0, Finding(kind="dead_rank", culprit_ranks=sorted(endings.dead),
                                           actual={"ended": endings.described(min(endings.dead))},
                                           waiting_ranks=sorted(waiting), evidence=list(endings.evidence)))
-    result.findings.sort(key=lambda finding: finding.kind != "dead_rank")
+    result.findings.sort(key=lambda finding: not _leads_as_dead(finding))
+
+
+def _leads_as_dead(finding: Finding) -> bool:
+    """A death leads, unless it follows from a mismatch the ranks left data of show (``inferred``)."""
+    return finding.kind == "dead_rank" and not finding.inferred
 
 
 def _stored_stack(database, run_id: str, finding: Finding) -> list[dict]:

@@ -25,10 +25,10 @@ OTHER_PAIR = ("2", "tp")
 GONE = time.time_ns() - 60 * 10**9  # long enough ago that nobody is still running
 
 
-def _entry(record: int, group: tuple[str, str], seq: int) -> dict:
+def _entry(record: int, group: tuple[str, str], seq: int, dtype: str = "Float") -> dict:
     return {"record_id": record, "process_group": group, "collective_seq_id": seq, "p2p_seq_id": 0,
             "profiling_name": "gloo:all_reduce", "input_sizes": [[8]], "output_sizes": [[8]],
-            "input_dtypes": ["Float"], "output_dtypes": ["Float"], "state": "scheduled",
+            "input_dtypes": [dtype], "output_dtypes": [dtype], "state": "scheduled",
             "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
 
 
@@ -40,10 +40,10 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
     followed by a goodbye 0.1 s later, as atexit closes the producer after it."""
     con = duckdb.connect()
     apply_schema(con)
-    pg_config = {WORLD[0]: {"name": WORLD[0], "desc": WORLD[1], "ranks": sorted(calls)},
+    pg_config = {WORLD[0]: {"name": WORLD[0], "desc": WORLD[1], "ranks": list(range(4))},
                  PAIR[0]: {"name": PAIR[0], "desc": PAIR[1], "ranks": [0, 1]},
                  OTHER_PAIR[0]: {"name": OTHER_PAIR[0], "desc": OTHER_PAIR[1], "ranks": [2, 3]}}
-    store_dumps(con, {rank: {"entries": [_entry(i, group, seq) for i, (group, seq) in enumerate(rank_calls)],
+    store_dumps(con, {rank: {"entries": [_entry(i, *call) for i, call in enumerate(rank_calls)],
                              "pg_config": pg_config} for rank, rank_calls in calls.items()})
     for rank, end in ends.items():
         con.execute("INSERT INTO rank_metadata (run_id, rank, world_size, session_id, sent_ns) "
@@ -237,3 +237,16 @@ def test_a_rank_that_run_ended_itself_is_no_crash_but_one_silent_long_before_is(
     else:
         assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
     assert _store(AT_FIRST_CALL, ends).root.kind == "dead_rank"  # without knowing of the kill: a death
+
+
+def test_a_rank_gloo_aborted_for_a_peer_s_mismatched_data_is_the_mismatch_s_victim_not_the_root():
+    """Live probe: rank 3 all-reduced float64 where its peers used float32; gloo aborted rank 2,
+    which received it, before any of its entries reached the bus. Rank 2 ended without a word, but
+    the ranks that left data show the mismatch at the very call they wait in: that is the cause."""
+    first = [(WORLD, 1)]
+    calls = {0: first + [(WORLD, 2)], 1: first + [(WORLD, 2)], 3: first + [(WORLD, 2, "Double")]}
+    read_error = ("uncaught RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:193", GONE)
+    result = _store(calls, {2: None, 0: read_error, 1: read_error, 3: ("signal SIGTERM", GONE + 10**8)})
+    assert (result.root.kind, result.root.culprit_ranks) == ("dtype_mismatch", [3])
+    dead = next(finding for finding in result.findings if finding.kind == "dead_rank")
+    assert dead.culprit_ranks == [2] and "this death follows from that mismatch" in dead.evidence[-1]
