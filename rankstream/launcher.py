@@ -26,6 +26,7 @@ from typing import Callable
 
 from rankstream.autostart import AGREED_RUN_ID, DUMP_REQUEST
 from rankstream.schemas.config import Config, ProducerSettings
+from rankstream.schemas.errors import BadInput
 from rankstream.schemas.processes import descendants, start_ticks
 from rankstream.schemas.settings import RunOptions, absolute_paths, config_env, run_environment, with_overrides
 
@@ -337,8 +338,11 @@ class _Watch:
             self.say(f"rankstream: nothing was captured for {self.run_id} (no process created a process group)")
             return
         analyze_everything(self.config.db_path, self.run_id, collectives=False)
-        report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True, ended_here_ns=self.ended_ns)
-        self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
+        try:
+            report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True, ended_here_ns=self.ended_ns)
+            self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
+        except BadInput as exc:  # nothing to diagnose: gloo records no send/recv, a job may issue no collective
+            self.say(f"rankstream: no collective diagnosis: {exc}")
         data = gather_report(self.config.db_path, self.run_id)
         for row in data["steps"]:
             self.say(f"  rank {row['rank']}: {row['steps']} steps, p50 {row['p50_ms']:,.1f} ms, "
@@ -350,9 +354,13 @@ class _Watch:
             from rich.console import Console
 
             render_run_report(self.run_id, data, Console(file=out, width=120, color_system=None))
-        timeline = write_timeline(self.config.db_path, self.run_id, self.run_dir / "timeline.json.gz")
+        try:
+            timeline = ", ".join(map(str, write_timeline(self.config.db_path, self.run_id,
+                                                         self.run_dir / "timeline.json.gz").files))
+        except BadInput as exc:  # no trace events: not profiled, no optimizer to mark steps
+            timeline = f"none ({exc})"
         page = html_report_if_possible(self.config.db_path, self.run_id, self.run_dir / "report.html")
-        self.say(f"  report {report_path}, {page}; timeline {', '.join(map(str, timeline.files))}")
+        self.say(f"  report {report_path}, {page}; timeline {timeline}")
 
     def _drain(self, seconds: float) -> None:
         """Until every rank said goodbye (or ``seconds`` passed): the last batches are on their way."""

@@ -131,6 +131,20 @@ def test_a_ddp_job_killed_on_its_hang_ends_with_the_hang_as_its_verdict_not_a_cr
     assert verdicts and verdicts[-1].startswith("rankstream: HANG: root cause: rank 1 "), output
 
 
+def test_a_job_that_issues_no_collective_still_gets_its_step_times_and_report(make_config):
+    """No Flight Recorder entry (gloo records no send/recv; this job issues no collective at all):
+    the end of the run says there was nothing to diagnose and goes on with the rest. It printed
+    "the end-of-run analysis failed: BadInput ..." and nothing after it."""
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--no-profile", "--", *torchrun("no_collective.py")]
+    result = subprocess.run(command, env={**os.environ, **config_env(config)}, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rankstream: no collective diagnosis: " in result.stdout, result.stdout
+    assert "analysis failed" not in result.stdout and re.search(r"rank 1: \d+ steps", result.stdout), result.stdout
+    assert "  report " in result.stdout, result.stdout
+
+
 def _processes_with(tag: str, *, also: str = "") -> list[int]:
     """The live processes whose environment holds ``tag`` (and ``also``)."""
     found = []
