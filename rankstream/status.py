@@ -86,7 +86,9 @@ def collect_status(config: Config) -> dict[str, Any]:
     for run in report["runs"]:
         run["state"] = _state(run, now_ns)
     report["rejects"] = database.fetchall("SELECT count(*) FROM rejects")[0][0]
-    report["live_findings"] = live_findings(database)
+    running = {run["run_id"] for run in report["runs"] if run["state"] == "running"}
+    # a run that ended or went silent has no live hang any more: its report says what was found
+    report["live_findings"] = [f for f in live_findings(database) if f["run_id"] in running]
     return report
 
 

@@ -158,3 +158,15 @@ def test_a_dead_rank_is_named_without_waiting_for_its_peers_goodbyes_to_age():
     judged, found = watch_pass(con, now_ns=now)
     assert judged == {"run"}
     assert [(f.kind, f.culprit_ranks) for _, f in found][:1] == [("dead_rank", [culprit])]
+
+
+def test_a_run_whose_ranks_all_fell_silent_at_once_is_no_longer_judged():
+    """``run --on-hang kill`` (or a scheduler) ends every rank at once: their final snapshots show
+    calls torn down mid-way, and judged with every rank dead, a pass recorded a deadlock of all of
+    them after the real finding. No rank outlives the others: there is nothing live to judge."""
+    now = time.time_ns()
+    con = _stored(now)
+    _claim(con, now, rank=0, beyond=0)
+    assert watch_pass(con, now_ns=now)[0] == {"run"}
+    con.execute("UPDATE heartbeats SET sent_ns = sent_ns - ?", [10 * SECOND])  # nobody heard from for 10 s
+    assert watch_pass(con, now_ns=now) == (set(), [])

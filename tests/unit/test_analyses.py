@@ -435,10 +435,15 @@ def test_status_tells_a_run_that_went_silent_from_one_running_and_one_that_ended
     with duckdb.connect(str(db)) as con:  # a heartbeat from a second ago: still going
         con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
                     "VALUES ('live', 0, 's0', $1, false)", [time.time_ns() - 10**9])
-    states = {run["run_id"]: run["state"] for run in
-              collect_status(load_config({"db_path": db, "state_dir": tmp_path / "state"}, env={}))["runs"]}
+        for run in ("killed", "live"):  # an episode the hang watch left open in each
+            con.execute("INSERT INTO live_findings (run_id, kind, culprit_ranks, waiting_ranks, first_seen_ns, "
+                        "last_seen_ns, detail) VALUES ($1, 'skipped_collective', [1], [0], 1, 2, 'rank 1 skipped')",
+                        [run])
+    report = collect_status(load_config({"db_path": db, "state_dir": tmp_path / "state"}, env={}))
+    states = {run["run_id"]: run["state"] for run in report["runs"]}
     assert states["killed"].startswith("silent since ") and states["done"].startswith("ended ")
     assert states["live"] == "running" and SILENT_AFTER_S >= 10
+    assert [f["run_id"] for f in report["live_findings"]] == ["live"]  # the killed run hangs no more
 
 
 def test_the_end_of_run_trigger_takes_runs_that_went_silent_and_again_when_they_end(db):
