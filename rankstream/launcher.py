@@ -126,9 +126,14 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
         _stop(config, started)
         return 127
     watch = _Watch(config, run_id, run_dir, options, say)
-    with _forwarding_signals(job):
+    received: list[tuple[int, int]] = []
+    with _forwarding_signals(job, received):
         killed = watch.follow(job)
     code = _exit_code(job.returncode)
+    if received:
+        number, at_ns = received[0]
+        say(f"rankstream: the job was stopped: {signal.Signals(number).name} was passed on to it")
+        watch.ended_ns = watch.ended_ns or at_ns  # ranks that then said nothing ended on it, not of their own
     try:
         watch.finish(drain_s=DRAIN_S if code == 0 else DRAIN_S / 4)
     except Exception as exc:  # the job's own exit code still stands
@@ -173,7 +178,7 @@ def _run_on_another_node(config: Config, options: JobOptions, run_id: str, run_d
     job = _start_job(options.command, _job_environment(config, options, run_id, run_dir), say)
     if job is None:
         return 127
-    with _forwarding_signals(job):
+    with _forwarding_signals(job, []):
         job.wait()
     return _exit_code(job.returncode)
 
@@ -209,9 +214,11 @@ def _stop(config: Config, started: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _forwarding_signals(job: subprocess.Popen):
-    """Ctrl-C, SIGTERM and SIGHUP go to the whole job (its own session, so each arrives once)."""
+def _forwarding_signals(job: subprocess.Popen, received: list[tuple[int, int]]):
+    """Ctrl-C, SIGTERM and SIGHUP go to the whole job (its own session, so each arrives once);
+    ``received`` gets (signal, when in ns) for each."""
     def forward(number, frame):
+        received.append((number, time.time_ns()))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, number)
 
@@ -234,7 +241,7 @@ class _Watch:
         self.config, self.run_id, self.run_dir, self.options, self.say = config, run_id, run_dir, options, say
         self.reported: set[tuple] = set()
         self.quiet = False  # no rank stepped for QUIET_AFTER_S at the last status
-        self.ended_ns: int | None = None  # when --on-hang kill ended the job
+        self.ended_ns: int | None = None  # when --on-hang kill (or a signal passed on) ended the job
         self.database = None
 
     def _db(self):
@@ -335,7 +342,8 @@ class _Watch:
         self.follow_agreed_id()
         self._drain(drain_s)
         if not self._db().fetchall("SELECT count(*) FROM rank_metadata WHERE run_id = $1", [self.run_id])[0][0]:
-            self.say(f"rankstream: nothing was captured for {self.run_id} (no process created a process group)")
+            self.say(f"rankstream: nothing was captured for {self.run_id} (no process got through "
+                     "init_process_group: none called it, or a rank that never reached it kept the others inside)")
             return
         analyze_everything(self.config.db_path, self.run_id, collectives=False)
         try:

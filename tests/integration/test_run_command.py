@@ -334,6 +334,9 @@ def test_dump_on_hang_writes_every_rank_s_dump_and_stacks(make_config):
                                 "--json"], capture_output=True, text=True, timeout=120)
     assert json.loads(diagnosis.stdout)["verdict"] != "healthy", diagnosis.stdout + diagnosis.stderr
     assert process.returncode != 0
+    assert "rankstream: the job was stopped: SIGINT was passed on to it" in output, output
+    verdicts = [line for line in output.splitlines() if re.match(r"rankstream: [A-Z]+: root cause", line)]
+    assert verdicts and verdicts[-1].startswith("rankstream: HANG: root cause: rank 1 "), output  # not a crash
 
 
 def test_when_capture_cannot_start_the_job_still_runs_with_one_warning(make_config):
