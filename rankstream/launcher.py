@@ -240,6 +240,7 @@ class _Watch:
     def __init__(self, config: Config, run_id: str, run_dir: Path, options: JobOptions, say) -> None:
         self.config, self.run_id, self.run_dir, self.options, self.say = config, run_id, run_dir, options, say
         self.reported: set[tuple] = set()
+        self.open: dict[tuple, str] = {}  # the live findings open at the last look, and what they said
         self.quiet = False  # no rank stepped for QUIET_AFTER_S at the last status
         self.ended_ns: int | None = None  # when --on-hang kill (or a signal passed on) ended the job
         self.database = None
@@ -299,17 +300,25 @@ class _Watch:
         return text + lag
 
     def _new_findings(self) -> bool:
+        """Print the live findings not printed yet, and those printed that cleared (a pause that
+        ended: a checkpoint, a slow rank that caught up), so that no hang is left standing."""
         from rankstream.status import live_findings
 
-        found = False
+        found, current = False, {}
         for finding in live_findings(self._db(), self.run_id):
             key = (finding["kind"], finding["pg_name"], finding["seq"], tuple(finding["culprit_ranks"] or ()))
+            current[key] = finding["detail"]
             if key not in self.reported:
                 self.reported.add(key)
                 found = True
                 culprits = finding["culprit_ranks"] or []
                 self.say(f"rankstream: {finding['kind'].upper()}: {finding['detail']}"
                          + (f" (culprit rank {', '.join(map(str, culprits))})" if culprits else ""))
+        for key, detail in self.open.items():
+            if key not in current:
+                self.reported.discard(key)  # said again if it comes back
+                self.say(f"rankstream: cleared, the ranks moved on: {detail}")
+        self.open = current
         return found
 
     def _hang_lasted(self, seconds: float) -> bool:

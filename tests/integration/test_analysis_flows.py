@@ -63,15 +63,21 @@ def test_the_slow_rank_ranks_first_and_the_run_merges_and_draws(live, straggler_
     steps = database.fetchall("SELECT count(*) FROM step_trace WHERE run_id = ? AND slowest_order = 1 AND rank = ?",
                               [run, straggler_run.fault_rank])[0][0]
     assert steps >= straggler_run.steps * 0.7
-    # one host, one clock: every rank's true offset is 0, and the barrier estimate must say so
+    # one host, one clock: every rank reads the reference rank's (same_host, 0), and the barrier estimate
+    # kept beside it must contain 0 too
     sync_failures = database.fetchall(  # shown if it fails: why a rank has no barrier estimate
         "SELECT rank, args FROM trace_events WHERE run_id = ? AND name = 'clock_sync_failed'", [run])
     samples = database.fetchall("SELECT rank, clock_round, clock_error_ns FROM rank_metadata WHERE run_id = ? "
                                 "AND clock_sync_ns IS NOT NULL ORDER BY rank", [run])
     offsets = database.fetchall(
-        "SELECT rank, source, offset_ns, error_ns FROM clock_offsets WHERE run_id = ? AND chosen", [run])
-    for rank, source, offset, error in offsets:
-        assert source == "barrier" and abs(offset) <= error, (rank, source, offset, error, sync_failures, samples)
+        "SELECT rank, source, offset_ns, error_ns, chosen FROM clock_offsets WHERE run_id = ? "
+        "AND source IN ('same_host', 'barrier')", [run])
+    chosen = sorted((rank, source, offset, error) for rank, source, offset, error, is_chosen in offsets if is_chosen)
+    assert chosen == [(rank, "same_host", 0, 0) for rank in range(4)], offsets
+    barrier = [(rank, offset, error) for rank, source, offset, error, _ in offsets if source == "barrier"]
+    assert len(barrier) == 4, (offsets, sync_failures, samples)
+    for rank, offset, error in barrier:
+        assert abs(offset) <= error, (rank, offset, error, sync_failures, samples)
     # the communication matrix adds up to the Flight Recorder entries
     matrix, entries = database.fetchall("""
         SELECT (SELECT sum(bytes) FROM comm_matrix WHERE run_id = $1 AND kind = 'collective'),

@@ -137,6 +137,25 @@ def test_run_follows_the_id_its_ranks_agreed_on(tmp_path):
     assert watch.run_id == "node0-proposal" and "node0-proposal" in said[0]
 
 
+def test_run_says_when_a_live_finding_it_printed_clears_and_again_if_it_returns(tmp_path, monkeypatch):
+    """A 14 s checkpoint pause was printed as a skipped collective and never taken back."""
+    import rankstream.status
+    from rankstream.launcher import JobOptions, _Watch
+
+    pause = {"kind": "skipped_collective", "pg_name": "0", "seq": 9, "culprit_ranks": [0],
+             "detail": "rank 0 never reached all_reduce #9"}
+    open_now = [[pause], [pause], [], [pause]]
+    monkeypatch.setattr(rankstream.status, "live_findings", lambda database, run_id: open_now.pop(0))
+    said = []
+    watch = _Watch(load_config({"state_dir": tmp_path}, env={}), "run", tmp_path / "run", JobOptions(["x"]),
+                   said.append)
+    watch.database = object()  # the findings come from the stand-in above
+    assert [watch._new_findings() for _ in range(4)] == [True, False, False, True]
+    assert said == ["rankstream: SKIPPED_COLLECTIVE: rank 0 never reached all_reduce #9 (culprit rank 0)",
+                    "rankstream: cleared, the ranks moved on: rank 0 never reached all_reduce #9",
+                    "rankstream: SKIPPED_COLLECTIVE: rank 0 never reached all_reduce #9 (culprit rank 0)"]
+
+
 def test_a_producer_aimed_away_from_the_broker_up_recorded_is_told(tmp_path):
     from rankstream.schemas.settings import endpoint_mismatch
 
