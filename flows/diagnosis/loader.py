@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +20,13 @@ import pyarrow as pa
 
 from rankstream.flows.diagnosis.columnar import entry_table, from_entry_tables
 from rankstream.flows.diagnosis.entries import Entries, Vocabulary, concatenate, from_dump_entries, recoded
+from rankstream.flows.diagnosis.published_stacks import (BlockedCall, OutsideCommunication, innermost_call,
+                                                         place_outside)
 from rankstream.producers.fr_reader import groups_from_pg_config, list_fr_files, parse_dump
 from rankstream.producers.importing import check_input_file, paused_gc
 from rankstream.schemas.errors import BadInput
 
-__all__ = ["LoadedDumps", "load_directory", "stack_at", "inside_for"]
+__all__ = ["LoadedDumps", "load_directory", "stack_at", "inside_for", "stack_file_places"]
 
 #: Below this many files, starting worker processes costs more than it saves.
 _PARALLEL_FROM = 16
@@ -201,3 +204,38 @@ def inside_for(path: Path, group: str, seq: int) -> int | None:
     if not (isinstance(created, int) and isinstance(stamped, int)) or stamped < newest or stamped < created:
         return None
     return stamped - created
+
+
+#: ``  File "train.py", line 41 in load_batch``: a frame of a ``faulthandler`` stack.
+_FRAME = re.compile(r'^\s*File "(?P<filename>[^"]*)", line (?P<line>\d+) in (?P<name>.*)$')
+
+
+def stack_file_places(directory: Path) -> dict[int, BlockedCall | OutsideCommunication]:
+    """rank -> where its main thread was when it dumped, from the ``stacks_rank<N>.txt`` files
+    ``rankstream run --on-hang dump`` writes beside the dumps (``faulthandler``'s text, written at
+    the same moment): what the live stacks tell the stored diagnosis, for the dumps alone."""
+    places = {}
+    for path in directory.glob("stacks_rank*.txt"):
+        rank = path.stem.removeprefix("stacks_rank")
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        main = next((frames for frames in _thread_stacks(text)  # the thread that runs the script
+                     if any(frame["name"] == "<module>" for frame in frames)), None)
+        place = (innermost_call(main) or place_outside(main)) if main else None
+        if rank.isdigit() and place is not None:
+            places[int(rank)] = place
+    return places
+
+
+def _thread_stacks(text: str) -> list[list[dict]]:
+    """Each thread's frames in a ``faulthandler`` dump, innermost first (as it lists them)."""
+    stacks, current = [], None
+    for line in text.splitlines():
+        if "(most recent call first)" in line:
+            current = []
+            stacks.append(current)
+        elif current is not None and (frame := _FRAME.match(line)):
+            current.append({"filename": frame["filename"], "line": int(frame["line"]), "name": frame["name"]})
+    return stacks

@@ -16,7 +16,7 @@ from rankstream.flows.diagnosis.engine import Diagnosis, diagnose, rooted
 from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import MISMATCH_KINDS, WAIT_KINDS, Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
-from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at
+from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at, stack_file_places
 from rankstream.flows.diagnosis.published_stacks import current_places
 from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
@@ -63,7 +63,8 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
     started = time.perf_counter()
     loaded = load_directory(directory, prefix, selected_ranks=selected_ranks, pg_filters=pg_filters)
     read = time.perf_counter()
-    result = diagnose(loaded.entries, listed=loaded.listed, dumped=sorted(loaded.files))
+    result = diagnose(loaded.entries, listed=loaded.listed, dumped=sorted(loaded.files),
+                      places=lambda: stack_file_places(directory))
     _cap(result, mismatch_cap)
     if stacks:
         for finding in result.findings:

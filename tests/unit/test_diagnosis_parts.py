@@ -300,3 +300,29 @@ def test_a_finding_says_how_long_its_waiting_rank_had_been_inside_the_call_when_
         assert told and told[0].startswith("rank 0 enqueued #3 4.0 ms before") and "under a second" in told[0]
     else:
         assert told and told[0].startswith("rank 0 enqueued #3 1,200.0 s before") and "under a second" not in told[0]
+
+
+def test_the_stack_files_written_beside_dumps_say_where_a_rank_that_went_nowhere_is(tmp_path):
+    """``run --on-hang dump`` writes each rank's ``faulthandler`` stacks beside its dump: rank 1,
+    which never issued all_reduce #3, sat in its data loader, and the offline diagnosis says so as
+    the live one does (it said "nothing shows where rank 1 went instead")."""
+    import pickle
+
+    from rankstream.flows.diagnosis.report import diagnose_directory
+
+    rows = {rank: [entry(i, ("0", "default_pg"), i + 1, "all_reduce") for i in range(2)] for rank in (0, 1)}
+    rows[0].append(entry(2, ("0", "default_pg"), 3, "all_reduce", state="started"))
+    for rank, entries in rows.items():
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps({"version": "2.10", "entries": entries}))
+    (tmp_path / "stacks_rank1.txt").write_text(
+        'Thread 0x00007f1e827fc6c0 (most recent call first):\n'
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+        'Thread 0x00007f1e837fe6c0 (most recent call first):\n'
+        '  File "/usr/lib/python3.11/queue.py", line 171 in get\n'
+        '  File "/job/train.py", line 41 in load_batch\n'
+        '  File "/job/train.py", line 77 in <module>\n'
+        '  File "<frozen runpy>", line 88 in _run_code\n')
+    root = diagnose_directory(tmp_path, prefix="rank_").diagnosis.root
+    assert (root.kind, root.culprit_ranks) == ("skipped_collective", [1])
+    assert root.actual == {"stalled_at": "queue.py:171 in get, from train.py:41"}, root.evidence
