@@ -87,15 +87,27 @@ class IterationMarks:
 
     torch calls the hook once per ``optimizer.step()``. With several optimizers, an iteration
     ends when an optimizer that already stepped in it steps again; optimizers created later (a
-    new one per epoch) join in without a special case."""
+    new one per epoch) join in without a special case. An optimizer stepping several times in a
+    row while another one steps too (a GAN's critic, stepped five times per generator step) is
+    one iteration: a repeat of the previous step starts one only when no other optimizer stepped
+    in the last ``RECENT_CALLS`` steps (a lone optimizer, or one that replaced another)."""
+
+    #: Steps after which an optimizer that stopped stepping no longer counts as another one.
+    RECENT_CALLS = 16
 
     def __init__(self, on_iteration) -> None:
         self._seen: set[int] = set()
         self._on_iteration = on_iteration
+        self._calls, self._previous = 0, None
+        self._last_at: dict[int, int] = {}  # optimizer -> the step it last took (the recent ones only)
 
     def __call__(self, optimizer, args=None, kwargs=None) -> None:
         key = id(optimizer)
-        if not self._seen or key in self._seen:
+        self._calls += 1
+        self._last_at = {other: at for other, at in self._last_at.items() if self._calls - at <= self.RECENT_CALLS}
+        in_a_row = key == self._previous and any(other != key for other in self._last_at)
+        self._last_at[key], self._previous = self._calls, key
+        if not self._seen or (key in self._seen and not in_a_row):
             self._seen = {key}
             try:
                 self._on_iteration()

@@ -35,6 +35,11 @@ def test_one_mark_per_iteration_whatever_the_number_of_optimizers():
     assert _marks([a] * 5) == 5
     assert _marks([a, b] * 4) == 4
     assert _marks([a, b, a, b, c, b, c, b]) == 4  # a replaced by c from the third iteration on
+    # a GAN: its critic steps twice (or five times) per generator step; in the first iteration,
+    # before the generator first stepped, each critic step counts (it cannot be told from a lone one)
+    assert _marks([a, a, b] * 20) == 2 + 19
+    assert _marks([a] * 5 + [b] + ([a] * 5 + [b]) * 9) == 5 + 9
+    assert _marks([a] * 3 + [b] * 40) == 3 + 40 - IterationMarks.RECENT_CALLS  # b replaced a: alone once a is stale
 
 
 def test_the_status_line_names_a_slowest_rank_only_when_it_stands_out():
