@@ -121,6 +121,9 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
         return _exit_code(subprocess.call(options.command))
     env = _job_environment(config, options, run_id, run_dir)
     say(f"rankstream: run {run_id} -> {config.db_path}" + (f" (started {', '.join(started)})" if started else ""))
+    if options.run_id and _has_data(config, run_id):
+        say(f"rankstream: warning: run {run_id} already holds an earlier launch's data, and this launch's steps and "
+            "findings will mix with it: give each launch its own --run (or none)")
     job = _start_job(options.command, env, say)
     if job is None:
         _stop(config, started)
@@ -141,6 +144,17 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
     finally:
         _stop(config, started)
     return code or (1 if killed else 0)
+
+
+def _has_data(config: Config, run_id: str) -> bool:
+    """Whether a run of that id was captured before (a ``--run NAME`` given twice)."""
+    from rankstream.consumers.query import connect
+
+    try:
+        return bool(connect(config.db_path, wait_s=5.0).fetchall(
+            "SELECT count(*) FROM rank_metadata WHERE run_id = $1", [run_id])[0][0])
+    except Exception:  # no database yet, or busy: nothing to warn about that can be seen
+        return False
 
 
 def _job_environment(config: Config, options: JobOptions, run_id: str, run_dir: Path) -> dict[str, str]:

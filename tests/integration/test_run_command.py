@@ -145,6 +145,18 @@ def test_a_job_that_issues_no_collective_still_gets_its_step_times_and_report(ma
     assert "  report " in result.stdout, result.stdout
 
 
+def test_a_run_name_given_twice_is_warned_about(make_config):
+    """``--run NAME`` twice puts two launches in one run: the second one's findings and steps mix
+    with the first's (a live probe saw the first launch's deadlock printed during the second)."""
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--run", "same-name", "--no-profile", "--",
+               *torchrun("no_collective.py")]
+    outputs = [subprocess.run(command, env={**os.environ, **config_env(config)}, capture_output=True, text=True,
+                              timeout=240).stdout for _ in range(2)]
+    assert "already holds an earlier launch" not in outputs[0], outputs[0]
+    assert "rankstream: warning: run same-name already holds an earlier launch's data" in outputs[1], outputs[1]
+
+
 def _processes_with(tag: str, *, also: str = "") -> list[int]:
     """The live processes whose environment holds ``tag`` (and ``also``)."""
     found = []
