@@ -67,14 +67,18 @@ def _children_cpu_s() -> float:
 
 def _job(command: list[str], env: dict, services: list[int]) -> tuple[float, float, float, float]:
     """(step ms, rank 0's CPU ms per step, CPU s of the job's whole process tree, CPU s of the
-    broker and materializer)."""
+    broker and materializer). A job that printed its figures and then failed on its way out still
+    counts, said on stderr: its steps were measured (gloo aborted a rank of plain torchrun at exit
+    once, which ended a 20-round run in its eighth round)."""
     job_before, services_before = _children_cpu_s(), _cpu_s(services)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     found = re.search(r"STEP_MS ([0-9.]+)", done.stdout)
     rank_cpu = re.search(r"STEP_CPU_MS ([0-9.]+)", done.stdout)
-    if done.returncode != 0 or not found or not rank_cpu:
+    if not found or not rank_cpu:
         raise SystemExit(f"{' '.join(command[:6])}... failed ({done.returncode}):\n{done.stdout[-2000:]}"
                          f"{done.stderr[-2000:]}")
+    if done.returncode != 0:
+        print(f"note: {' '.join(command[:6])}... exited {done.returncode} after measuring its steps", file=sys.stderr)
     return (float(found.group(1)), float(rank_cpu.group(1)), _children_cpu_s() - job_before,
             _cpu_s(services) - services_before)
 
