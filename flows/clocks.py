@@ -37,7 +37,13 @@ from rankstream.flows.run_tables import replace_run_rows
 
 __all__ = ["align_clocks", "clock_offsets", "rank_offsets", "OFFSETS_SQL"]
 
-OFFSETS_SQL = """
+#: Each rank's host (``rank_metadata.host``): processes of one host read one wall clock.
+_HOSTS = """hosts AS (
+    SELECT rank, any_value(host) AS host FROM rank_metadata
+    WHERE run_id = $run AND host IS NOT NULL AND host <> '' GROUP BY rank
+)"""
+
+OFFSETS_SQL = f"""
 INSERT INTO clock_offsets
 WITH run_ranks AS (
     SELECT rank FROM rank_metadata WHERE run_id = $run
@@ -45,10 +51,7 @@ WITH run_ranks AS (
     UNION SELECT DISTINCT rank FROM fr_entries WHERE run_id = $run
 ), reference AS (
     SELECT min(rank) AS rank FROM run_ranks
-), hosts AS (
-    SELECT rank, any_value(host) AS host FROM rank_metadata
-    WHERE run_id = $run AND host IS NOT NULL AND host <> '' GROUP BY rank
-), same_host AS (  -- processes of one host read one wall clock: nothing to estimate
+), {_HOSTS}, same_host AS (  -- processes of one host read one wall clock: nothing to estimate
     SELECT h.rank FROM hosts h JOIN hosts r ON r.rank = (SELECT rank FROM reference) AND r.host = h.host
 ), composer AS (  -- imported Composer traces carry their clock sync as metadata events, in us
     SELECT rank, name, TRY_CAST(args->>'$.value' AS BIGINT) * 1000 AS value_ns,
@@ -140,7 +143,7 @@ def clock_offsets(db_path: Path | Database, run_id: str) -> list[dict]:
 #: Each rank's offset for reading its timestamps on one clock: the run's chosen alignment if it was
 #: aligned, else the tightest clock-sync round every rank took part in (a live run is not aligned
 #: until its analyses run, and its heartbeats already carry the samples).
-RANK_OFFSETS_SQL = """
+RANK_OFFSETS_SQL = f"""
 WITH aligned AS (
     SELECT rank, offset_ns, coalesce(error_ns, 0) AS error_ns FROM clock_offsets WHERE run_id = $run AND chosen
 ), samples AS (
@@ -151,20 +154,13 @@ WITH aligned AS (
     HAVING count(DISTINCT rank) = (SELECT count(DISTINCT rank) FROM samples)
 ), tightest AS (
     SELECT * FROM rounds ORDER BY bound, round DESC LIMIT 1
-), synced AS (
-    SELECT s.rank, s.sync_ns - r.sync_ns AS offset_ns, t.bound AS error_ns
+), {_HOSTS}, synced AS (  -- ranks on the reference's host read its very clock
+    SELECT s.rank, CASE WHEN hs.host = hr.host THEN 0 ELSE s.sync_ns - r.sync_ns END AS offset_ns,
+           CASE WHEN hs.host = hr.host THEN 0 ELSE t.bound END AS error_ns
     FROM tightest t JOIN samples s ON s.round = t.round JOIN samples r ON r.round = t.round AND r.rank = t.reference
-), hosts AS (
-    SELECT rank, any_value(host) AS host FROM rank_metadata
-    WHERE run_id = $run AND host IS NOT NULL AND host <> '' GROUP BY rank
-), local AS (  -- ranks on the reference's host read its very clock
-    SELECT s.rank, 0 AS offset_ns, 0 AS error_ns
-    FROM synced s JOIN hosts h ON h.rank = s.rank
-    JOIN hosts r ON r.rank = (SELECT reference FROM tightest) AND r.host = h.host
-), live AS (
-    SELECT * FROM local UNION ALL SELECT * FROM synced WHERE rank NOT IN (SELECT rank FROM local)
+    LEFT JOIN hosts hs ON hs.rank = s.rank LEFT JOIN hosts hr ON hr.rank = t.reference
 )
-SELECT * FROM aligned UNION ALL SELECT * FROM live WHERE NOT EXISTS (SELECT 1 FROM aligned)
+SELECT * FROM aligned UNION ALL SELECT * FROM synced WHERE NOT EXISTS (SELECT 1 FROM aligned)
 """
 
 

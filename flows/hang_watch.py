@@ -93,7 +93,7 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
             "now": now_ns, "window": _WINDOW_NS, "active": _ACTIVE_NS, "grace": _ENDED_GRACE_NS}).fetchall():
         dead = {r for r, last, done in zip(ranks, last_ns, final) if not done and last < now_ns - dead_s * 1e9}
         over = {r for r, done in zip(ranks, final) if done}  # said goodbye: can no longer move
-        if dead and dead == set(ranks):  # every rank silent at once: the job was ended (run's kill, a
+        if dead == set(ranks):  # every rank silent at once: the job was ended (run's kill, a
             continue                     # scheduler, the node): no contrast, and its last records are teardown
         moved = {r: p or 0 for r, p in zip(ranks, progressed_ns)}
         moving = not dead and not ended and all(moved[r] >= now_ns - stall_s * 1e9 for r in ranks)

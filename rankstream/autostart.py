@@ -99,14 +99,15 @@ class IterationMarks:
         self._seen: set[int] = set()
         self._on_iteration = on_iteration
         self._calls, self._previous = 0, None
-        self._last_at: dict[int, int] = {}  # optimizer -> the step it last took (the recent ones only)
+        self._other_at = 0  # the last step another optimizer took before the current run of one (0: none)
 
     def __call__(self, optimizer, args=None, kwargs=None) -> None:
         key = id(optimizer)
         self._calls += 1
-        self._last_at = {other: at for other, at in self._last_at.items() if self._calls - at <= self.RECENT_CALLS}
-        in_a_row = key == self._previous and any(other != key for other in self._last_at)
-        self._last_at[key], self._previous = self._calls, key
+        if key != self._previous:
+            self._other_at = self._calls - 1
+        in_a_row = key == self._previous and self._other_at > 0 and self._calls - self._other_at <= self.RECENT_CALLS
+        self._previous = key
         if not self._seen or (key in self._seen and not in_a_row):
             self._seen = {key}
             try:

@@ -169,8 +169,7 @@ def rooted(findings: list[Finding], *, dead_first: bool = False) -> list[Finding
     for finding in findings:
         if finding.kind == "missing_dump" and 0 < len(finding.waiting_ranks) <= 2 * direct:
             finding.inferred = True
-    findings = sorted(findings, key=lambda f: (not (dead_first and f.kind == "dead_rank" and not f.inferred),
-                                               not blocks(f), f.inferred,
+    findings = sorted(findings, key=lambda f: (not (dead_first and f.known_death), not blocks(f), f.inferred,
                                                -len(f.waiting_ranks), not f.culprit_ranks, order[f.kind],
                                                f.seq if f.seq is not None else 0))
     if not findings:

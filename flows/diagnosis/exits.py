@@ -73,8 +73,8 @@ FROM ranks LEFT JOIN beats USING (rank) LEFT JOIN exits USING (rank) ORDER BY ra
 """
 
 
-#: The reason given for a rank that ``run --on-hang kill`` ended.
-ENDED_BY_RUN = "the signal rankstream run --on-hang kill sent"
+#: The reason given for a rank that ``run`` ended (``--on-hang kill``, or a signal it passed on).
+ENDED_BY_RUN = "the signal rankstream run sent or passed on"
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,9 @@ def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False,
     may still be running and is not called silent, unless ``job_over`` (the job launched on this
     host ended: ``run`` after its job) and the rank ran on this host in a process that is gone.
     Ranks of other nodes go by ``QUIET_S``: their launch may still be running (probe 10 e02: the
-    head named another node's live ranks dead). ``ended_here_ns``: when ``run --on-hang kill``
-    ended the job; a rank that was alive then and ended without a word was ended by it."""
+    head named another node's live ranks dead). ``ended_here_ns``: when ``run`` ended the job
+    (``--on-hang kill``, or a signal it passed on); a rank that was alive then and ended without a
+    word was ended by it."""
     here = socket.gethostname()
     recent_ns = now_ns - int(QUIET_S * 1e9)
     ends = [_end(rank, heard, bool(goodbye), last_ns, args, exit_ns,

@@ -68,6 +68,11 @@ class Finding:
     #: a finding with direct evidence is preferred as the root cause.
     inferred: bool = False
 
+    @property
+    def known_death(self) -> bool:
+        """A rank seen to die (not a death inferred to follow from another finding): it leads."""
+        return self.kind == "dead_rank" and not self.inferred
+
     def headline(self) -> str:
         """One line: who did what where, and who it blocks."""
         where = f"in group {describe_group(self.group, self.group_desc)}" if self.group is not None else ""

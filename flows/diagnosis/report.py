@@ -173,12 +173,7 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
         result.findings.insert(0, Finding(kind="dead_rank", culprit_ranks=sorted(endings.dead),
                                           actual={"ended": endings.described(min(endings.dead))},
                                           waiting_ranks=sorted(waiting), evidence=list(endings.evidence)))
-    result.findings.sort(key=lambda finding: not _leads_as_dead(finding))
-
-
-def _leads_as_dead(finding: Finding) -> bool:
-    """A death leads, unless it follows from a mismatch the ranks left data of show (``inferred``)."""
-    return finding.kind == "dead_rank" and not finding.inferred
+    result.findings.sort(key=lambda finding: not finding.known_death)
 
 
 def _stored_stack(database, run_id: str, finding: Finding) -> list[dict]:
