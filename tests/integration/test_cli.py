@@ -103,10 +103,14 @@ def test_locked_database_gets_one_clear_retrying_line_then_proceeds(kafka_config
     consume = subprocess.Popen([sys.executable, "-m", "rankstream", "consume", "--once"],
                                env={**os.environ, **config_env(config)}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    first_line = consume.stderr.readline()
+    seen = []  # up to the waiting line (the CLI's header comes first, and rich may wrap it)
+    for line in consume.stderr:
+        seen.append(line)
+        if "held by another process" in line:
+            break
     holder.communicate("release\n", timeout=30)
     _, rest = consume.communicate(timeout=60)
-    stderr = first_line + rest
+    stderr = "".join(seen) + rest
     complaints = [line for line in stderr.splitlines() if "held by another process" in line]
     assert len(complaints) == 1 and f"pid {holder.pid}" in complaints[0] and "retrying" in complaints[0], stderr
     assert "Traceback" not in stderr and "1 events" in stderr
