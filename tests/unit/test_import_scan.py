@@ -149,7 +149,7 @@ import_trace.PARALLEL_READ_BYTES = 0
 (root / "par").mkdir()
 parallel = import_trace.scan_files(paths, None, 7, directory=root / "par")
 readers = set(reader_pids.read_text().split())
-assert len(readers) == 2 and str(os.getpid()) not in readers, readers
+assert readers and str(os.getpid()) not in readers, readers  # either forked reader may take both files
 (root / "seq").mkdir()
 sequential = [import_trace._scan_into(p, None, 7, root / "seq" / str(i)) for i, p in enumerate(paths)]
 assert parallel == sequential
@@ -166,8 +166,8 @@ except BadInput as error:
 
 
 def test_files_read_by_parallel_readers_match_reading_them_here(tmp_path):
-    """Two files, two forked reader processes: the same first-pass results and batches as one
-    by one, and a bad file's one-line error comes back through the pool."""
+    """Two files read in forked reader processes (never here): the same first-pass results and
+    batches as one by one, and a bad file's one-line error comes back through the pool."""
     import subprocess
     import sys
 
