@@ -26,7 +26,7 @@ from typing import Callable
 
 from rankstream.autostart import AGREED_RUN_ID, DUMP_REQUEST
 from rankstream.schemas.config import Config, ProducerSettings
-from rankstream.schemas.errors import BadInput
+from rankstream.schemas.errors import BadInput, RankstreamError
 from rankstream.schemas.processes import descendants, start_ticks
 from rankstream.schemas.settings import RunOptions, absolute_paths, config_env, run_environment, with_overrides
 
@@ -128,7 +128,7 @@ def run_job(config: Config, options: JobOptions, say: Callable[[str], None] = pr
     if job is None:
         _stop(config, started)
         return 127
-    watch = _Watch(config, run_id, run_dir, options, say)
+    watch = _Watch(config, run_id, run_dir, options, say, started=started)
     received: list[tuple[int, int]] = []
     with _forwarding_signals(job, received):
         killed = watch.follow(job)
@@ -251,8 +251,11 @@ def _exit_code(returncode: int) -> int:
 class _Watch:
     """Status lines and live findings while the job runs; the verdict after."""
 
-    def __init__(self, config: Config, run_id: str, run_dir: Path, options: JobOptions, say) -> None:
+    def __init__(self, config: Config, run_id: str, run_dir: Path, options: JobOptions, say,
+                 started: list[str] = ()) -> None:
         self.config, self.run_id, self.run_dir, self.options, self.say = config, run_id, run_dir, options, say
+        self.started = list(started)  # the services ``run`` started, and so keeps running
+        self.services_problem = ""  # the last failure to start them again, said once
         self.reported: set[tuple] = set()
         self.open: dict[tuple, str] = {}  # the live findings open at the last look, and what they said
         self.quiet = False  # no rank stepped for QUIET_AFTER_S at the last status
@@ -272,6 +275,7 @@ class _Watch:
         while job.poll() is None:
             time.sleep(FINDINGS_EVERY_S / 2 if self.quiet else FINDINGS_EVERY_S)
             self.follow_agreed_id()
+            self.keep_services_up()
             try:
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + self.options.status_every_s
@@ -287,6 +291,30 @@ class _Watch:
             except Exception as exc:  # the database is busy or the materializer restarting: next time
                 self.say(f"rankstream: status unavailable: {type(exc).__name__}: {exc}"[:200])
         return False
+
+    def keep_services_up(self) -> None:
+        """Start again what ``run`` started and that stopped (killed, out of memory) while the job
+        runs. Nothing is lost meanwhile: the ranks keep every message until the materializer
+        announces it stored, and resend to a broker that came back without its log."""
+        from rankstream.deploy.broker import broker_status
+        from rankstream.services import materializer_pid, up
+
+        gone = [name for name in self.started
+                if (materializer_pid(self.config) if name == "materializer" else broker_status(self.config)) is None]
+        if not gone:
+            return
+        try:
+            up(self.config)
+        except Exception as exc:  # said once; tried again at the next look
+            problem = f"rankstream: the {' and '.join(gone)} stopped and could not start again: {exc}"
+            if problem != self.services_problem:
+                self.say(problem[:300])
+            self.services_problem = problem
+            return
+        self.services_problem = ""
+        self.database = None  # the query server is a new one
+        self.say(f"rankstream: the {' and '.join(gone)} stopped during the run and was started again "
+                 "(the ranks resend what was not stored)")
 
     def follow_agreed_id(self) -> None:
         """Take the run id this node's ranks agreed on, if it is not the one proposed."""
@@ -363,7 +391,9 @@ class _Watch:
         from rankstream.flows.timeline import write_timeline
 
         self.follow_agreed_id()
+        self.keep_services_up()
         self._drain(drain_s)
+        self._deliver_spools(drain_s)
         if not self._db().fetchall("SELECT count(*) FROM rank_metadata WHERE run_id = $1", [self.run_id])[0][0]:
             self.say(f"rankstream: nothing was captured for {self.run_id} (no process got through "
                      "init_process_group: none called it, or a rank that never reached it kept the others inside)")
@@ -392,6 +422,19 @@ class _Watch:
             timeline = f"none ({exc})"
         page = html_report_if_possible(self.config.db_path, self.run_id, self.run_dir / "report.html")
         self.say(f"  report {report_path}, {page}; timeline {timeline}")
+
+    def _deliver_spools(self, seconds: float) -> None:
+        """What the ranks spooled (a broker they could not reach, a materializer that had not
+        confirmed their last messages when they closed) is delivered here, before the analyses."""
+        from rankstream.spools import deliver_spools
+
+        try:
+            delivery = deliver_spools(self.config, wait_s=seconds)
+        except RankstreamError as exc:
+            self.say(f"rankstream: the ranks' spools stay on disk: {exc}")
+            return
+        if delivery is not None:
+            self.say(f"rankstream: {delivery.line()}")
 
     def _drain(self, seconds: float) -> None:
         """Until every rank said goodbye (or ``seconds`` passed): the last batches are on their way."""

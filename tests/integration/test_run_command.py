@@ -360,3 +360,62 @@ def test_when_capture_cannot_start_the_job_still_runs_with_one_warning(make_conf
     assert result.returncode == 0, result.stdout + result.stderr
     assert "running the job without it" in result.stdout and "the job ran" in result.stdout
     assert result.stdout.count("rankstream:") == 1
+
+
+def _run_in_background(config, *job_args: str) -> tuple[subprocess.Popen, list[str]]:
+    """``rankstream run --no-profile -- torchrun plain_train.py ...``, its output lines collected."""
+    command = [sys.executable, "-m", "rankstream", "run", "--no-profile", "--", *torchrun("plain_train.py", *job_args)]
+    process = subprocess.Popen(command, env={**os.environ, **config_env(config)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    return process, lines
+
+
+def _wait_for_line(lines: list[str], pattern: str, count: int = 1, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(bool(re.search(pattern, line)) for line in list(lines)) < count:
+        assert time.monotonic() < deadline, f"no {pattern!r} in:\n" + "".join(lines)
+        time.sleep(0.2)
+
+
+def _step_marks(config, output: str) -> dict[int, int]:
+    with duckdb.connect(str(config.db_path), read_only=True) as db:
+        return dict(db.execute("SELECT rank, count(*) FROM trace_events WHERE run_id = ? AND cat = 'step' "
+                               "GROUP BY rank", [run_id_of(output)]).fetchall())
+
+
+def test_a_materializer_killed_mid_run_is_started_again_and_nothing_is_lost(make_config):
+    config = make_config(broker_port=free_port(), partitions=2)
+    process, lines = _run_in_background(config, "--steps", "60", "--device-ms", "150")
+    _wait_for_line(lines, r"ranks at step \d+")
+    killed = int((config.state_dir / "materializer.pid").read_text().split()[0])
+    os.kill(killed, signal.SIGKILL)
+    process.wait(timeout=180)
+    output = "".join(lines)
+    assert process.returncode == 0, output
+    assert "the materializer stopped during the run and was started again" in output, output
+    assert "HEALTHY" in output, output
+    assert _step_marks(config, output) == {0: 60, 1: 60}  # every mark, the ones sent while it was down too
+    assert not (config.state_dir / "materializer.pid").exists()  # the new one was stopped too: run started it
+
+
+def test_what_the_ranks_spooled_at_close_is_delivered_before_the_verdict(make_config):
+    """The materializer is frozen while the job ends: the ranks' last messages are unconfirmed
+    when they close, so they spool them. ``run`` delivers the spools before its analyses."""
+    config = make_config(broker_port=free_port(), partitions=2, **{"producer.close_timeout_s": 2.0})
+    process, lines = _run_in_background(config, "--steps", "30", "--device-ms", "100")
+    _wait_for_line(lines, r"ranks at step \d+")
+    frozen = int((config.state_dir / "materializer.pid").read_text().split()[0])
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        _wait_for_line(lines, r"rank \d: [\d,]+ events sent, [1-9][\d,]* bytes left in the spool", count=2)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    process.wait(timeout=180)
+    output = "".join(lines)
+    assert process.returncode == 0, output
+    assert re.search(r"rankstream: delivered [\d,]+ spooled events", output), output
+    assert not list((config.state_dir / "spool").rglob("*.seg")), output
+    assert _step_marks(config, output) == {0: 30, 1: 30}
+    assert "HEALTHY" in output, output
