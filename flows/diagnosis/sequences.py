@@ -22,6 +22,8 @@ __all__ = ["GroupSequences", "split_by_group", "period_of"]
 _MAX_PERIOD = 96
 #: How many of the latest agreed calls a period must explain.
 _CHECKED = 48
+#: Fewer agreed calls than that: the fewest a periodic stretch after the set-up calls must hold.
+_SHORT_RUN = 12
 
 
 class GroupSequences:
@@ -135,18 +137,37 @@ class GroupSequences:
 
 
 def period_of(consensus: dict[int, int]) -> int | None:
-    """The shortest period the group's latest agreed calls repeat with (at least two periods seen)."""
+    """The shortest period the group's latest agreed calls repeat with (at least two periods seen).
+
+    At least three periods and ``_CHECKED`` calls: a step's pattern repeats within it too
+    (all-gather, reduce-scatter, ...), which a short window would take for the period. A group
+    with fewer calls than that is young, and opens with set-up calls that never repeat (DDP's
+    broadcasts): there the periodic stretch that ends its history must hold three periods,
+    ``_SHORT_RUN`` calls and at least half of the history."""
     if len(consensus) < 2:
         return None
     seqs = sorted(consensus)
     values = [consensus[s] for s in seqs]
-    for period in range(1, min(_MAX_PERIOD, len(values) // 2) + 1):
-        # at least three periods and _CHECKED calls: a step's pattern repeats within it too
-        # (all-gather, reduce-scatter, ...), which a short window would take for the period
+    periods = range(1, min(_MAX_PERIOD, len(values) // 2) + 1)
+    for period in periods:
         tail = values[-min(len(values), max(3 * period, _CHECKED)):]
         if all(tail[i] == tail[i - period] for i in range(period, len(tail))):
             return period
+    if len(values) >= _CHECKED:
+        return None
+    for period in periods:
+        run = _periodic_suffix(values, period)
+        if run >= max(3 * period, _SHORT_RUN) and 2 * run >= len(values):
+            return period
     return None
+
+
+def _periodic_suffix(values: list, period: int) -> int:
+    """How many of the last ``values`` repeat with ``period``."""
+    for i in range(len(values) - 1, period - 1, -1):
+        if values[i] != values[i - period]:
+            return len(values) - (i - period + 1)
+    return len(values)
 
 
 def split_by_group(calls: Calls, groups: dict[int, Group]) -> dict[int, GroupSequences]:

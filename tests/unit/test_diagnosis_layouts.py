@@ -1021,3 +1021,22 @@ def test_a_rank_whose_record_never_started_a_call_its_peers_completed_is_no_rank
     root = job.diagnosis().root
     assert (root.kind, root.culprit_ranks, root.seq) == ("state_mismatch", [3], 6)
     assert "rank 3's entry is still scheduled" in root.evidence[0]
+
+
+@pytest.mark.parametrize("steps", [12, 24, 60])
+def test_a_short_ddp_job_whose_rank_left_its_loop_early_is_named_by_the_group_s_history(steps):
+    """Two ranks with uneven data: rank 1 leaves its training loop first and calls the barrier
+    before saving while rank 0 still all_reduces its gradients. No majority: the period of the
+    group's all_reduces decides, though DDP's set-up broadcasts open its history and a short job
+    has fewer calls than a long one's period must explain."""
+    programs = {rank: Program() for rank in (0, 1)}
+    for rank, program in programs.items():
+        for op, size in (("all_gather", 1), ("broadcast", 12), ("broadcast", 9610)):
+            program.seq += 1
+            program._add(op, "completed", size)
+        for _ in range(steps):
+            program.collective()
+    programs[0].collective(state="started")
+    programs[1].collective("barrier", state="started")
+    root = diagnosis(programs).root
+    assert root.culprit_ranks == [1], root
