@@ -70,6 +70,9 @@ def diagnose(entries: Entries, *, listed: dict[str, list[int]], dumped: list[int
         findings = [_straggler_finding(s, run) for s in find_stragglers(run.calls, members,
                                                                          clock_error_ns=clock_error_ns)]
     ordered = rooted(findings)
+    undescribed = {g.name: list(g.members) for g in run.groups.values() if g.undescribed}
+    for finding in ordered:
+        finding.group_ranks = undescribed.get(finding.group)
     members = {m for g in run.groups.values() for m in g.members}
     return Diagnosis(ordered, sorted(run.dumped), run.world, sorted(members - run.dumped), run.groups)
 

@@ -67,6 +67,8 @@ class Finding:
     #: Named only because others wait for it, with nothing in its own entries to show the fault;
     #: a finding with direct evidence is preferred as the root cause.
     inferred: bool = False
+    #: The group's members, which name it in the headline when torch describes it with nothing.
+    group_ranks: list[int] | None = None
 
     @property
     def known_death(self) -> bool:
@@ -75,7 +77,7 @@ class Finding:
 
     def headline(self) -> str:
         """One line: who did what where, and who it blocks."""
-        where = f"in group {describe_group(self.group, self.group_desc)}" if self.group is not None else ""
+        where = f"in {describe_group(self.group, self.group_desc, self.group_ranks)}" if self.group is not None else ""
         if not self.culprit_ranks and self.kind in _DISAGREE_ON and isinstance(self.actual, dict):
             ops = sorted({value.get("op", "?") for value in self.actual.values() if isinstance(value, dict)})
             what = f"disagree on {_DISAGREE_ON[self.kind]} of #{self.seq} ({' / '.join(ops)})"
@@ -92,7 +94,7 @@ class Finding:
                 "group_desc": self.group_desc, "seq": self.seq, "seq_range": self.seq_range, "expected": self.expected, "actual": self.actual,
                 "waiting_ranks": self.waiting_ranks, "in_flight": self.in_flight, "evidence": self.evidence,
                 "explains": self.explains, "culprit_reason": self.culprit_reason, "stack": self.stack,
-                "inferred": self.inferred,
+                "inferred": self.inferred, "group_ranks": self.group_ranks,
                 "headline": self.headline()}
 
 
@@ -101,8 +103,16 @@ def ranks_text(ranks: list) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
-def describe_group(name: str | None, desc: str | None) -> str:
-    return f"{desc} (pg {name})" if desc and desc != name else f"pg {name}"
+#: The description torch gives a group created without one: it names no role.
+PLACEHOLDER_DESC = "undefined"
+
+
+def describe_group(name: str | None, desc: str | None, ranks: list[int] | None = None) -> str:
+    """``group tp (pg 3)``; a group torch describes with nothing by its members, when known:
+    ``the group of ranks 0, 1 (pg 2)``."""
+    if desc and desc not in (name, PLACEHOLDER_DESC):
+        return f"group {desc} (pg {name})"
+    return f"the group of {ranks_text(ranks)} (pg {name})" if ranks else f"group pg {name}"
 
 
 def _op(value: Any) -> str:

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankstream.flows.diagnosis.entries import Entries
+from rankstream.flows.diagnosis.findings import PLACEHOLDER_DESC, ranks_text
 
 __all__ = ["Group", "find_groups", "PLACEHOLDER_DESC"]
-
-#: The description torch gives a group created without one: it names no role.
-PLACEHOLDER_DESC = "undefined"
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,16 @@ class Group:
 
     @property
     def label(self) -> str:
-        return f"{self.desc} (pg {self.name})" if self.desc and self.desc != self.name else f"pg {self.name}"
+        """``tp (pg 3)``; a group torch describes with nothing, by its members: ``ranks 0, 1 (pg 2)``."""
+        if self.desc and self.desc not in (self.name, PLACEHOLDER_DESC):
+            return f"{self.desc} (pg {self.name})"
+        return f"{ranks_text(list(self.members))} (pg {self.name})" if self.undescribed else f"pg {self.name}"
+
+    @property
+    def undescribed(self) -> bool:
+        """Torch gave the group no description that says what it is (the default group's says it)."""
+        return (self.desc in (None, PLACEHOLDER_DESC, self.name) and bool(self.members)
+                and not _is_default(self.name, self.desc))
 
 
 def _is_default(name: str, desc: str | None) -> bool:

@@ -294,7 +294,7 @@ def test_a_rank_that_reversed_two_groups_calls_is_the_root_of_the_deadlock():
     root = result.root
     assert (root.kind, root.culprit_ranks, root.waiting_ranks, result.verdict) == (
         "order_mismatch", [2], [0, 1, 3], "hang")
-    assert "all_reduce #10 of undefined (pg 1) before all_reduce #9" in root.headline()
+    assert "all_reduce #10 of ranks 0, 1, 2, 3 (pg 1) before all_reduce #9" in root.headline()
 
 
 def test_with_no_majority_order_the_rank_that_changed_its_own_order_is_the_root():
@@ -1040,3 +1040,32 @@ def test_a_short_ddp_job_whose_rank_left_its_loop_early_is_named_by_the_group_s_
     programs[1].collective("barrier", state="started")
     root = diagnosis(programs).root
     assert root.culprit_ranks == [1], root
+
+
+def test_a_group_torch_left_undescribed_is_named_by_its_ranks():
+    """``new_group()`` without a description is "undefined" in the dumps: the headline names the
+    group by its members instead (the default group keeps its name)."""
+    programs = {rank: Program() for rank in (0, 1)}
+    for program in programs.values():
+        for _ in range(5):
+            program.collective()
+    programs[0].collective(state="started")
+    vocabulary, parts = Vocabulary(), []
+    members = {"2": [0, 1]}
+    for rank, program in programs.items():
+        entries = [dict(entry, process_group=("2", "undefined")) for entry in program.entries]
+        parts.append(from_dump_entries(entries, rank, members, vocabulary=vocabulary))
+    root = diagnose(concatenate(parts, vocabulary), listed=members, dumped=[0, 1]).root
+    assert root.culprit_ranks == [1]
+    assert "in the group of ranks 0, 1 (pg 2)" in root.headline(), root.headline()
+    assert "in group default_pg (pg 0)" in diagnosis(_skip_at_end()).root.headline()
+
+
+def _skip_at_end() -> dict[int, Program]:
+    programs = {rank: Program() for rank in (0, 1, 2)}
+    for program in programs.values():
+        for _ in range(5):
+            program.collective()
+    for rank in (0, 1):
+        programs[rank].collective(state="started")
+    return programs
