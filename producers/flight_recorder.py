@@ -40,11 +40,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config, parse_dump, status_from_pg_status
+from rankstream.schemas.stack_frames import frame_records
 
 __all__ = ["FlightRecorderTap", "FlightRecorderDumps"]
 
@@ -272,8 +272,6 @@ class FlightRecorderTap:
 
     def _report_stack(self, name: str, args: dict) -> None:
         """Publish the training thread's live Python stack (innermost frame first)."""
-        frame = sys._current_frames().get(self._main_thread)
-        frames = [{"name": f.name, "filename": f.filename, "line": f.lineno}
-                  for f in reversed(traceback.extract_stack(frame))][:40] if frame is not None else []
+        frames = frame_records(sys._current_frames().get(self._main_thread))
         self._producer.emit(name, "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=0, tid=0, step=None,
                             flow_id=None, correlation_id=None, args={**args, "frames": frames})

@@ -192,9 +192,12 @@ def _answer_dump_requests(run_dir, rank: int, poll_s: float = 0.5) -> None:
     """Write this rank's Flight Recorder dump and Python stacks for each request, from this thread:
     the main thread may be stuck in a collective (torch releases the GIL while it waits)."""
     import faulthandler
+    import json
     import time
 
     import torch
+
+    from rankstream.schemas.stack_frames import frame_records
 
     request = run_dir / DUMP_REQUEST
     answered = None
@@ -212,6 +215,9 @@ def _answer_dump_requests(run_dir, rank: int, poll_s: float = 0.5) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             with open(folder / f"stacks_rank{rank}.txt", "w") as stacks:
                 faulthandler.dump_traceback(stacks, all_threads=True)
+            # the main thread's frames again, with the peers its torch.distributed call names
+            main = sys._current_frames().get(threading.main_thread().ident)
+            (folder / f"stacks_rank{rank}.json").write_text(json.dumps(frame_records(main)))
             # the JSON dump returns at once during a hung collective; the pickled one may wait for the timeout
             dump = torch._C._distributed_c10d._dump_fr_trace_json()
             # named as torch names its dumps (no suffix), for `rankstream diagnose DIR --prefix rank_`

@@ -123,12 +123,16 @@ def _numbered(finding: Finding, value: Any) -> str:
     return f"{_op(value)} #{finding.seq}" if finding.seq is not None else _op(value)
 
 
+def _transfer(value: dict) -> str:
+    """``send to rank 3``, ``recv from rank 1``."""
+    return f"{_op(value)} {'to' if value.get('op') == 'send' else 'from'} rank {value.get('peer')}"
+
+
 def _call(finding: Finding) -> str:
     """A call as words: ``all_reduce #7``, or ``send to rank 3 (p2p #4)``."""
     value = finding.actual
     if isinstance(value, dict) and "peer" in value:
-        way = "to" if value.get("op") == "send" else "from"
-        return f"{_op(value)} {way} rank {value['peer']} (p2p #{finding.seq})"
+        return f"{_transfer(value)} (p2p #{finding.seq})"
     return _numbered(finding, value)
 
 
@@ -160,7 +164,8 @@ _WHAT = {
     "dead_rank": lambda f: (f"ended {f.actual['ended']}" if isinstance(f.actual, dict) and f.actual.get("ended")
                             else "stopped sending heartbeats")
                            + (f"; its peers wait in {_numbered(f, f.expected)}" if f.expected else ""),
-    "p2p_unmatched": lambda f: f"never posted its side of {_op(f.expected)} (p2p #{f.seq})",
+    "p2p_unmatched": lambda f: (f"never posted its side of {_op(f.expected)} (p2p #{f.seq})" if f.seq is not None
+                                else f"never posted its {_transfer(f.expected)}"),
     "state_mismatch": lambda f: f"went on without completing {_numbered(f, f.expected)}, which its peers completed",
     "straggler": lambda f: "arrives last at its collectives",
 }

@@ -171,7 +171,13 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
             finding.evidence.append(f"{WENT_NOWHERE} {sink} went instead: it is stalled outside "
                                     "collectives or blocked in a call the Flight Recorder does not record "
                                     "(gloo's send/recv)")
-    waiting_on_peers = [sink for sink, call in blocked.items() if call.point_to_point]
+    for sink, call in blocked.items():  # waiting for a peer that is in a collective: that peer went on without it
+        peer_at = _peer_elsewhere(run, graph, call, unrecorded)
+        if peer_at is not None:
+            found.pop(sink)
+            found[peer_at.rank] = _transfer_never_posted(run, graph, sink, call, peer_at)
+            where[peer_at.rank] = peer_at
+    waiting_on_peers = [sink for sink, call in blocked.items() if call.point_to_point and sink in found]
     free = [sink for sink in unrecorded if sink not in blocked]
     if waiting_on_peers and len(free) == 1:
         lead = unrecorded[free[0]]
@@ -187,6 +193,28 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
             found.pop(rank)
         found[min(ranks)] = _stuck_in_previous(run, graph, code, seq, ranks, blocked)
     return _one_per_call(run, list(found.values()), where)
+
+
+def _peer_elsewhere(run: Run, graph: WaitGraph, call, unrecorded: dict) -> Position | None:
+    """Where the peer of a point-to-point call waits, when the stack named the peer and the peer
+    left data, is itself no rank that others wait for in vain, and waits in a collective."""
+    peer = call.peer if call.point_to_point else None
+    if peer is None or peer in unrecorded or peer not in run.dumped:
+        return None
+    return next((p for p in graph.waiting if p.rank == peer), None)
+
+
+def _transfer_never_posted(run: Run, graph: WaitGraph, sink: int, call, peer_at: Position) -> Finding:
+    """A rank blocked in a receive (or send) whose peer went on to a collective instead: the peer
+    never posted its send (or receive), and everyone waiting for the blocked rank waits for it."""
+    peer = peer_at.rank
+    op = "send" if call.function.startswith("recv") else "recv"
+    waiting = sorted((graph.upstream({sink}) | {sink}) - {peer})
+    return Finding(kind="p2p_unmatched", culprit_ranks=[peer], expected={"op": op, "peer": sink},
+                   waiting_ranks=waiting, in_flight=True, evidence=[
+                       f"rank {sink}'s live stack shows it blocked in {call}: gloo's Flight Recorder records no "
+                       "send or receive, so only its stack says whom it waits for",
+                       f"rank {peer} went on to {place_of(run, peer_at)} instead of posting its {op}"])
 
 
 def _one_per_call(run: Run, findings: list[Finding], where: dict[int, Position]) -> list[Finding]:

@@ -10,6 +10,7 @@ JSON dumps, or dumps of different world sizes, is refused with one line naming t
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import re
@@ -217,16 +218,27 @@ def stack_file_places(directory: Path) -> dict[int, BlockedCall | OutsideCommuni
     places = {}
     for path in directory.glob("stacks_rank*.txt"):
         rank = path.stem.removeprefix("stacks_rank")
+        main = _recorded_frames(path.with_suffix(".json"))  # with the peers its call names
         try:
             text = path.read_text(errors="replace")
         except OSError:
             continue
-        main = next((frames for frames in _thread_stacks(text)  # the thread that runs the script
-                     if any(frame["name"] == "<module>" for frame in frames)), None)
+        main = main or next((frames for frames in _thread_stacks(text)  # the thread that runs the script
+                             if any(frame["name"] == "<module>" for frame in frames)), None)
         place = (innermost_call(main) or place_outside(main)) if main else None
         if rank.isdigit() and place is not None:
             places[int(rank)] = place
     return places
+
+
+def _recorded_frames(path: Path) -> list[dict] | None:
+    """The main thread's frames as the rank recorded them beside its ``faulthandler`` text
+    (``schemas.stack_frames``); None when there is no such file or it is not a list of frames."""
+    try:
+        frames = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return frames if isinstance(frames, list) and all(isinstance(f, dict) for f in frames) else None
 
 
 def _thread_stacks(text: str) -> list[list[dict]]:

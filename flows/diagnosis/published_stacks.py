@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from rankstream.schemas.stack_frames import C10D_MODULE
+
 __all__ = ["STACK_SQL", "BlockedCall", "OutsideCommunication", "current_places", "innermost_call", "place_outside"]
 
 #: The tap's events that carry a rank's stack.
@@ -45,10 +47,9 @@ WITH stacks AS (
 SELECT rank, stacks.name, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM stacks LEFT JOIN claims USING (rank)
 """
 
-#: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with gloo.
-_POINT_TO_POINT = {"send", "recv", "send_object_list", "recv_object_list"}
-#: The module of torch's collective and point-to-point functions (its wrappers live beside it).
-_C10D = "torch/distributed/distributed_c10d.py"
+#: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with
+#: gloo, and the argument that names the peer (a global rank).
+_POINT_TO_POINT = {"send": "dst", "recv": "src", "send_object_list": "dst", "recv_object_list": "src"}
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,17 @@ class BlockedCall:
     function: str
     #: "distributed_c10d.py:2799, from train.py:37"
     where: str
+    #: A point-to-point call's other side (a receive's source, a send's destination), when the
+    #: stack gave it as a global rank.
+    peer: int | None = None
 
     @property
     def point_to_point(self) -> bool:
         return self.function in _POINT_TO_POINT
 
     def __str__(self) -> str:
-        return f"{self.function} ({self.where})"
+        way = " from" if self.function.startswith("recv") else " to"
+        return f"{self.function}{way + ' rank ' + str(self.peer) if self.peer is not None else ''} ({self.where})"
 
 
 @dataclass(frozen=True)
@@ -107,13 +112,15 @@ def innermost_call(frames: list[dict]) -> BlockedCall | None:
     (innermost frame first), with where it was called from; None when the stack is in none."""
     for i, frame in enumerate(frames):
         filename = str(frame.get("filename", "")).replace("\\", "/")
-        if filename.endswith(_C10D) and not str(frame.get("name", "_")).startswith("_"):
+        if filename.endswith(C10D_MODULE) and not str(frame.get("name", "_")).startswith("_"):
             caller = next((f for f in frames[i + 1:] if "torch/distributed/" not in str(f.get("filename", ""))),
                           None)
             where = f"{filename.rsplit('/', 1)[-1]}:{frame.get('line')}"
             if caller is not None:
                 where += f", from {str(caller.get('filename', '')).rsplit('/', 1)[-1]}:{caller.get('line')}"
-            return BlockedCall(str(frame["name"]), where)
+            function = str(frame["name"])
+            peer = (frame.get("args") or {}).get(_POINT_TO_POINT.get(function, ""))
+            return BlockedCall(function, where, peer if type(peer) is int else None)
     return None
 
 

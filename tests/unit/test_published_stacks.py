@@ -44,14 +44,14 @@ def _entry(record: int, seq: int, op: str = "all_reduce") -> dict:
 
 
 def _diagnose(stacks: dict[int, list[dict]], *, moved_on: set[int] = frozenset(), ops: dict[int, str] = None,
-              reason: str = "idle_outside_collectives"):
-    """Ranks 0 and 1 wait in world call #8; ranks 2 and 3 stopped after #7 with ``stacks``
-    published; a rank in ``moved_on`` made progress after its stack was taken; ``ops``: the
-    collective each call number is (all_reduce otherwise); ``reason``: the event the tap published
-    the stacks as."""
+              reason: str = "idle_outside_collectives", reached: dict[int, int] | None = None):
+    """Ranks 0 and 1 wait in world call #8; ranks 2 and 3 stopped after #7 (or each rank's last
+    call is ``reached``) with ``stacks`` published; a rank in ``moved_on`` made progress after its
+    stack was taken; ``ops``: the collective each call number is (all_reduce otherwise);
+    ``reason``: the event the tap published the stacks as."""
     con = duckdb.connect()
     apply_schema(con)
-    reached = {0: 8, 1: 8, 2: 7, 3: 7}
+    reached = reached or {0: 8, 1: 8, 2: 7, 3: 7}
     ops = ops or {}
     store_dumps(con, {rank: {"entries": [_entry(i, seq, ops.get(seq, "all_reduce"))
                                          for i, seq in enumerate(range(1, last + 1))],
@@ -142,3 +142,46 @@ def test_a_stack_outside_communication_names_its_innermost_frame_and_the_jobs_ow
     pipelined = [{"name": "_wait_batch_p2p", "filename": "/venv/lib/python3.12/site-packages/torch/distributed/"
                   "pipelining/schedules.py", "line": 700}, {"name": "main", "filename": "/job/pipe.py", "line": 9}]
     assert place_outside(pipelined) is None
+
+
+def test_a_rank_blocked_in_recv_from_a_peer_that_went_on_to_a_collective_names_that_peer():
+    """A pipeline stage that skipped its send and went on to the world all_reduce (live probe 12,
+    job21): the next stage blocks in ``recv`` from it and is the only rank absent from that call.
+    Its stack names the source, so the stage that never sent is the culprit, not the receiver."""
+    recv_from_2 = [dict(RECV[0], args={"src": 2}), *RECV[1:]]
+    result = _diagnose({3: recv_from_2}, reached={0: 8, 1: 8, 2: 8, 3: 7})
+    assert (result.root.kind, result.root.culprit_ranks) == ("p2p_unmatched", [2])
+    assert result.root.headline().startswith("rank 2 never posted its send to rank 3"), result.root.headline()
+    assert result.root.waiting_ranks == [0, 1, 3]
+    assert not any(3 in f.culprit_ranks for f in result.findings)
+    assert any("blocked in recv from rank 2 (distributed_c10d.py:2799" in line for line in result.root.evidence)
+    # a stack that does not name the source says only that the receiver waits for some peer
+    result = _diagnose({3: RECV}, reached={0: 8, 1: 8, 2: 8, 3: 7})
+    assert result.root.culprit_ranks == [3]
+
+
+def test_the_tap_records_the_peer_arguments_of_torch_distributed_frames_only():
+    from rankstream.schemas.stack_frames import C10D_MODULE, frame_records
+
+    namespace: dict = {"frame_records": frame_records}
+    exec(compile("import sys\ndef recv(tensor, src=None, group=None, tag=0, group_src=None):\n"
+                 "    return frame_records(sys._getframe())\n", "/site-packages/" + C10D_MODULE, "exec"), namespace)
+    frames = namespace["recv"](object(), src=2, group=object())
+    assert frames[0]["name"] == "recv" and frames[0]["args"] == {"src": 2}  # the objects are never recorded
+    assert "args" not in frames[1] and frames[1]["name"] == \
+        "test_the_tap_records_the_peer_arguments_of_torch_distributed_frames_only"
+
+
+def test_a_dump_folder_s_recorded_frames_name_the_peer_its_text_stack_cannot(tmp_path):
+    """``--on-hang dump`` writes faulthandler's text and the main thread's recorded frames: the
+    stored diagnosis of the folder reads the receive's source from the latter."""
+    from rankstream.flows.diagnosis.loader import stack_file_places
+
+    (tmp_path / "stacks_rank3.txt").write_text(
+        'Current thread 0x1 (most recent call first):\n'
+        f'  File "{C10D}", line 2799 in recv\n  File "/job/train.py", line 37 in <module>\n')
+    assert stack_file_places(tmp_path)[3].peer is None
+    (tmp_path / "stacks_rank3.json").write_text(json.dumps([dict(RECV[0], args={"src": 2}), *RECV[1:]]))
+    assert stack_file_places(tmp_path)[3] == BlockedCall("recv", "distributed_c10d.py:2799, from train.py:37", 2)
+    (tmp_path / "stacks_rank3.json").write_text("{not json")  # a damaged file: the text still tells
+    assert stack_file_places(tmp_path)[3].function == "recv"

@@ -1,0 +1,38 @@
+"""A published stack: what the rank-side tap records of the training thread's frames, and what
+the diagnosis reads back (``flows.diagnosis.published_stacks``).
+
+Each frame is ``{"name", "filename", "line"}``, innermost first. A frame of torch.distributed's
+own functions also carries the integer arguments that name the other side of the call
+(``args``: a receive's ``src``, a send's ``dst``, a broadcast's root): gloo's Flight Recorder
+records no send or receive and no root, so a rank blocked in one says only through them whom it
+waits for.
+"""
+
+from __future__ import annotations
+
+from types import FrameType
+
+__all__ = ["C10D_MODULE", "PEER_ARGUMENTS", "frame_records"]
+
+#: The module of torch's collective and point-to-point functions (its wrappers live beside it).
+C10D_MODULE = "torch/distributed/distributed_c10d.py"
+#: The arguments of those functions that name a rank: global ranks, or ranks within ``group``.
+PEER_ARGUMENTS = ("src", "dst", "group_src", "group_dst")
+#: The frames kept, innermost first.
+MAX_FRAMES = 40
+
+
+def frame_records(frame: FrameType | None) -> list[dict]:
+    """The stack from ``frame`` outwards, innermost first (see the module docstring)."""
+    records = []
+    while frame is not None and len(records) < MAX_FRAMES:
+        code = frame.f_code
+        record = {"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno}
+        if code.co_filename.replace("\\", "/").endswith(C10D_MODULE):
+            args = {name: value for name in PEER_ARGUMENTS
+                    if type(value := frame.f_locals.get(name)) is int}  # never repr an object of the job
+            if args:
+                record["args"] = args
+        records.append(record)
+        frame = frame.f_back
+    return records
