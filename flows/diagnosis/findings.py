@@ -123,6 +123,14 @@ def _numbered(finding: Finding, value: Any) -> str:
     return f"{_op(value)} #{finding.seq}" if finding.seq is not None else _op(value)
 
 
+def _roots(finding: Finding) -> str:
+    """``, waiting for root rank 1 where the others name rank 0``, when the roots differ."""
+    actual, expected = finding.actual, finding.expected
+    if isinstance(actual, dict) and isinstance(expected, dict) and "root" in actual and "root" in expected:
+        return f", waiting for root rank {actual['root']} where the others name rank {expected['root']}"
+    return ""
+
+
 def _transfer(value: dict) -> str:
     """``send to rank 3``, ``recv from rank 1``."""
     return f"{_op(value)} {'to' if value.get('op') == 'send' else 'from'} rank {value.get('peer')}"
@@ -149,7 +157,8 @@ _WHAT = {
                                 f"{f.expected.get('order_of', _PEERS)} order (deadlock)",
     "stuck_in_collective": lambda f: (f"are stuck in {_numbered(f, f.actual)}, which their peers completed"
                                       if len(f.culprit_ranks) > 1 else
-                                      f"is stuck in {_numbered(f, f.actual)}, which its peers completed"),
+                                      f"is stuck in {_numbered(f, f.actual)}, which its peers completed")
+                                     + _roots(f),
     "not_started": lambda f: f"enqueued {_call(f)} but never started it on the device",
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
     "skipped_collective": lambda f: (f"never reached {_numbered(f, f.expected)} (stalled at {f.actual['stalled_at']})"

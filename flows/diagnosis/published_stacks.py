@@ -50,6 +50,9 @@ SELECT rank, stacks.name, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM
 #: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with
 #: gloo, and the argument that names the peer (a global rank).
 _POINT_TO_POINT = {"send": "dst", "recv": "src", "send_object_list": "dst", "recv_object_list": "src"}
+#: Collectives with a root, and the argument that names it: gloo's entries do not record it.
+_ROOTED = {"broadcast": "src", "broadcast_object_list": "src", "scatter": "src", "scatter_object_list": "src",
+           "reduce": "dst", "gather": "dst", "gather_object": "dst"}
 
 
 @dataclass(frozen=True)
@@ -59,16 +62,20 @@ class BlockedCall:
     function: str
     #: "distributed_c10d.py:2799, from train.py:37"
     where: str
-    #: A point-to-point call's other side (a receive's source, a send's destination), when the
-    #: stack gave it as a global rank.
+    #: The rank the call names, when the stack gave it as a global rank: a receive's source, a
+    #: send's destination, a rooted collective's root.
     peer: int | None = None
 
     @property
     def point_to_point(self) -> bool:
         return self.function in _POINT_TO_POINT
 
+    @property
+    def root(self) -> int | None:
+        return self.peer if self.function in _ROOTED else None
+
     def __str__(self) -> str:
-        way = " from" if self.function.startswith("recv") else " to"
+        way = " from" if self.function.startswith("recv") else " with root" if self.function in _ROOTED else " to"
         return f"{self.function}{way + ' rank ' + str(self.peer) if self.peer is not None else ''} ({self.where})"
 
 
@@ -119,7 +126,7 @@ def innermost_call(frames: list[dict]) -> BlockedCall | None:
             if caller is not None:
                 where += f", from {str(caller.get('filename', '')).rsplit('/', 1)[-1]}:{caller.get('line')}"
             function = str(frame["name"])
-            peer = (frame.get("args") or {}).get(_POINT_TO_POINT.get(function, ""))
+            peer = (frame.get("args") or {}).get(_POINT_TO_POINT.get(function) or _ROOTED.get(function, ""))
             return BlockedCall(function, where, peer if type(peer) is int else None)
     return None
 

@@ -185,3 +185,21 @@ def test_a_dump_folder_s_recorded_frames_name_the_peer_its_text_stack_cannot(tmp
     assert stack_file_places(tmp_path)[3] == BlockedCall("recv", "distributed_c10d.py:2799, from train.py:37", 2)
     (tmp_path / "stacks_rank3.json").write_text("{not json")  # a damaged file: the text still tells
     assert stack_file_places(tmp_path)[3].function == "recv"
+
+
+def test_of_the_ranks_inside_a_broadcast_the_one_waiting_for_a_root_that_went_past_it_is_named():
+    """Live probe 12 (job32): rank 2 broadcast from root 1 while the others used root 0. Ranks 1
+    and 3 went past the call; root 0 and rank 2 stayed inside it. Rank 0 waits as the root it
+    is; rank 2 waits for rank 1, which went past without serving it: rank 2 named another root."""
+    def rooted(root: int) -> list[dict]:
+        return [dict(BROADCAST[0], args={"src": root}), *BROADCAST[1:]]
+
+    result = _diagnose({0: rooted(0), 2: rooted(1)}, ops={7: "broadcast"}, reached={0: 7, 1: 8, 2: 7, 3: 8})
+    root = result.root
+    assert (root.kind, root.culprit_ranks, root.seq) == ("stuck_in_collective", [2], 7)
+    assert 0 in root.waiting_ranks
+    assert root.headline().startswith("rank 2 is stuck in broadcast #7, which its peers completed, waiting for root "
+                                      "rank 1 where the others name rank 0"), root.headline()
+    # without the roots both stay named, as before
+    result = _diagnose({0: BROADCAST, 2: BROADCAST}, ops={7: "broadcast"}, reached={0: 7, 1: 8, 2: 7, 3: 8})
+    assert result.root.culprit_ranks == [0, 2]
