@@ -36,7 +36,7 @@ from rankstream.schemas.errors import RankstreamError, TransientError, is_transi
 from rankstream.schemas.files import write_atomically
 from rankstream.schemas.topics import all_topics
 
-__all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S"]
+__all__ = ["Materializer", "MaterializerStatus", "status_path", "RETRY_S", "materializer_lag", "materializer_silent_s"]
 
 RETRY_S = 2.0
 _STATUS_EVERY_S = 2.0
@@ -67,12 +67,33 @@ def status_path(config: Config) -> Path:
     return config.state_dir / "materializer.json"
 
 
-def materializer_lag(config: Config) -> int | None:
-    """Messages on the bus the materializer has not stored yet, from its last status file."""
+#: A status file older than this was left by a materializer that stopped or is stuck: it writes
+#: one every ``_STATUS_EVERY_S`` while it runs.
+STALE_AFTER_S = 10.0
+
+
+def _status(config: Config) -> dict:
     try:
-        return json.loads(status_path(config).read_text()).get("lag_messages")
+        status = json.loads(status_path(config).read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def materializer_lag(config: Config) -> int | None:
+    """Messages on the bus the materializer has not stored yet, from its last status file; None
+    when there is none, or it is stale (``materializer_silent_s``)."""
+    status = _status(config)
+    return None if materializer_silent_s(config, status) else status.get("lag_messages")
+
+
+def materializer_silent_s(config: Config, status: dict | None = None) -> float | None:
+    """How long the materializer's status file has not been written, when that is more than
+    ``STALE_AFTER_S``; None when it is fresh or there is none."""
+    status = _status(config) if status is None else status
+    updated = status.get("updated_at")
+    age = time.time() - updated if isinstance(updated, (int, float)) else None
+    return age if age is not None and age > STALE_AFTER_S else None
 
 
 class _Committer:

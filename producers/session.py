@@ -249,7 +249,7 @@ class RankSession:
         previous_hook = sys.excepthook
 
         def excepthook(kind, value, traceback):
-            self.emergency_flush(f"uncaught {kind.__name__}: {value}"[:300])
+            self.emergency_flush(f"uncaught {kind.__name__}: {exception_text(value)}"[:300])
             previous_hook(kind, value, traceback)
 
         sys.excepthook = excepthook
@@ -276,6 +276,16 @@ class RankSession:
                 continue
             if signum == signal.SIGTERM and previous == signal.SIG_DFL:
                 watch.install()
+
+
+def exception_text(value: BaseException) -> str:
+    """An exception's message on one line: its first line, and its last when it has several. A
+    DataLoader worker's error is re-raised as "Caught ValueError in DataLoader worker process 0."
+    followed by the worker's traceback, whose last line holds what actually went wrong."""
+    lines = [line.strip() for line in str(value).splitlines() if line.strip()]
+    if len(lines) > 1:
+        return f"{lines[0]} ... {lines[-1]}"
+    return lines[0] if lines else ""
 
 
 def _signals_as_before_rankstream() -> None:

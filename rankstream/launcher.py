@@ -332,7 +332,7 @@ class _Watch:
         if not rows:
             return f"rankstream: {self.run_id}: no step yet" + lag
         steps = [row["step"] for row in rows]
-        text = (f"rankstream: {self.run_id}: {len(rows)} ranks at step {min(steps)}"
+        text = (f"rankstream: {self.run_id}: {len(rows)} rank{'s' if len(rows) > 1 else ''} at step {min(steps)}"
                 + (f"-{max(steps)}" if max(steps) != min(steps) else "")
                 + pace({row["rank"]: row["recent_step_ms"] for row in rows}))
         quiet_s = (time.time_ns() - max(row["last_ns"] for row in rows)) / 1e9
@@ -448,8 +448,12 @@ class _Watch:
 
 
 def _ingest_lag(config: Config) -> str:
-    from rankstream.consumers.materializer import materializer_lag
+    from rankstream.consumers.materializer import materializer_lag, materializer_silent_s
 
+    silent = materializer_silent_s(config)
+    if silent is not None:
+        return (f", the materializer has not reported for {silent:,.0f} s (stopped or stuck: "
+                f"{config.state_dir / 'materializer.log'})")
     lag = materializer_lag(config)
     return "" if lag is None else f", ingest lag {lag} messages"
 

@@ -169,3 +169,33 @@ def test_a_producer_aimed_away_from_the_broker_up_recorded_is_told(tmp_path):
     assert endpoint_mismatch(load_config({"state_dir": state}, env={})) is None
     elsewhere = load_config({"state_dir": state}, env={"RANKSTREAM_BROKER_PORT": "29092"})
     assert "serves 127.0.0.1:29555" in endpoint_mismatch(elsewhere)
+
+
+def test_the_status_line_says_when_the_materializer_stopped_reporting(make_config):
+    """A stopped or stuck materializer leaves its last status file behind: its lag is not shown as
+    current (probe 12: "ingest lag 0 messages" for 300 s while nothing was stored)."""
+    import json
+    import time
+
+    from rankstream.consumers.materializer import status_path
+    from rankstream.launcher import _ingest_lag
+
+    config = make_config()
+    config.state_dir.mkdir(parents=True)
+    status_path(config).write_text(json.dumps({"updated_at": time.time(), "lag_messages": 3}))
+    assert _ingest_lag(config) == ", ingest lag 3 messages"
+    status_path(config).write_text(json.dumps({"updated_at": time.time() - 60, "lag_messages": 0}))
+    assert _ingest_lag(config).startswith(", the materializer has not reported for 60 s (stopped or stuck: ")
+    status_path(config).unlink()
+    assert _ingest_lag(config) == ""
+
+
+def test_an_exception_of_several_lines_keeps_its_first_and_last():
+    from rankstream.producers.session import exception_text
+
+    caught = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+                        '  File "train.py", line 12, in __getitem__\nValueError: corrupted record 1302\n')
+    assert exception_text(caught) == ("Caught ValueError in DataLoader worker process 0. ... "
+                                      "ValueError: corrupted record 1302")
+    assert exception_text(ValueError("bad batch")) == "bad batch"
+    assert exception_text(ValueError()) == ""
