@@ -163,6 +163,9 @@ _WHAT = {
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
     "skipped_collective": lambda f: (f"never reached {_numbered(f, f.expected)} (stalled at {f.actual['stalled_at']})"
                                      if isinstance(f.actual, dict) and f.actual.get("stalled_at")
+                                     else f"left the job early: it ended cleanly instead of issuing "
+                                          f"{_numbered(f, f.expected)}"
+                                     if isinstance(f.actual, dict) and f.actual.get("left")
                                      else f"skipped {_numbered(f, f.expected)}"),
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
     "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",

@@ -110,6 +110,7 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns,
                       places=lambda: current_places(database, run_id))
     _name_the_dead(result, dead, endings)
+    _name_the_departed(result, endings)
     _cap(result, mismatch_cap)
     for finding in result.findings:
         if finding.culprit_ranks and finding.group is not None:
@@ -137,6 +138,22 @@ def _time_inside(finding: Finding, files: dict[int, Path]) -> str | None:
                     + (": under a second, so if the dumps were taken while the job ran rather than after a "
                        "timeout, it may have been running normally" if inside < 10**9 else ""))
     return None
+
+
+def _name_the_departed(result: Diagnosis, endings: Endings | None) -> None:
+    """A rank its peers wait for in a call it never issued, and which then closed cleanly, left
+    the job instead (a shorter data shard, an early return): said so, rather than that it skipped
+    the call, which sends the user looking for a conditional collective."""
+    if endings is None:
+        return
+    left = {end.rank for end in endings.ends if end.how == "goodbye"}
+    for finding in result.findings:
+        if finding.kind == "skipped_collective" and finding.culprit_ranks and not finding.actual \
+                and set(finding.culprit_ranks) <= left:
+            finding.actual = {"left": True}
+            finding.evidence = [f"{ranks_text(finding.culprit_ranks)} closed cleanly (its last heartbeat says "
+                                "goodbye) instead of issuing the call"] + [
+                line for line in finding.evidence if not line.startswith((WENT_NOWHERE, STALLED_OUTSIDE))]
 
 
 def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -> None:

@@ -149,6 +149,11 @@ def test_failures_after_a_rank_left_cleanly_are_its_consequences_not_a_crash(the
             3: ("signal SIGTERM", GONE + 10**9)}
     result = _store(AT_FIRST_CALL, ends)
     assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [1]), result.root.headline()
+    # it did not skip the call and go on: it left the job (probe 12: a rank with a shorter shard)
+    assert result.root.headline().startswith("rank 1 left the job early: it ended cleanly instead of issuing "
+                                             "all_reduce #1 in group tp (pg 1)"), result.root.headline()
+    assert not any("nothing shows where" in line for line in result.root.evidence)
+    assert result.root.evidence[0] == "rank 1 closed cleanly (its last heartbeat says goodbye) instead of issuing the call"
 
 
 def test_a_signal_to_one_rank_first_is_no_crash_of_the_peer_that_failed_on_it():
