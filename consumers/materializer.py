@@ -117,6 +117,13 @@ class _Committer:
             raise self.error
         self._queue.put(batch)
 
+    def wait_for_turn(self) -> None:
+        """Until the committer took every batch handed over (it may still be committing the last).
+        What is polled then is committed next: read earlier, it would wait there for a commit to
+        end while newer records piled up behind it (freshness, docs/benchmarks.md)."""
+        while not self._queue.empty() and self.error is None:
+            time.sleep(0.005)
+
     def _run(self) -> None:
         while (batch := self._queue.get()) is not None:
             if self.error is not None:
@@ -189,6 +196,7 @@ class Materializer:
         last_status = last_check = time.monotonic()
         try:
             while not stop.is_set():
+                committer.wait_for_turn()
                 committer.submit(prepare(self.source.poll(0.2, self.max_records)))
                 if targets is not None and self._caught_up(targets):
                     committer.close()

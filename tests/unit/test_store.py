@@ -112,3 +112,27 @@ def test_offsets_commit_with_rows_and_a_failed_write_changes_nothing(store):
         store.write([Record("t", 0, 1, b"k", b"\xc1", 0)])
     assert store.offsets() == {("t", 0): 1}
     assert store.connection.execute("SELECT count(*) FROM rejects").fetchone()[0] == 1
+
+
+def test_the_materializer_polls_again_only_once_the_committer_took_what_it_handed_over():
+    """A poll made while a prepared batch still waits for the committer would wait behind it too:
+    ``wait_for_turn`` holds the next poll until the committer has taken every batch."""
+    import threading
+
+    from rankstream.consumers.materializer import _Committer
+
+    release = threading.Event()
+
+    class SlowStore:
+        def commit(self, batch):
+            release.wait(10)
+
+    committer = _Committer(SlowStore(), on_commit=lambda batch, result: None)
+    committer.submit("first")  # taken at once, then committing until released
+    committer.submit("second")  # waits in the queue
+    returned = threading.Event()
+    threading.Thread(target=lambda: (committer.wait_for_turn(), returned.set()), daemon=True).start()
+    assert not returned.wait(0.3)
+    release.set()  # the first commit ends: the committer takes the second
+    assert returned.wait(5)
+    committer.close()
