@@ -24,13 +24,14 @@ FROM live_findings WHERE run_id = $run ORDER BY first_seen_ns
 
 
 def diagnose_run(db_path: Path, run_id: str, *, mismatch_cap: int | None = None,
-                 job_over: bool = False, ended_here_ns: int | None = None) -> tuple[Report, list[dict]]:
-    """The run's diagnosis (stored in ``findings``) and its live episodes (``job_over`` and
-    ``ended_here_ns``: see ``diagnose_stored``)."""
+                 job_over: bool = False, ended_here_ns: int | None = None,
+                 fatal: dict[int, str] | None = None) -> tuple[Report, list[dict]]:
+    """The run's diagnosis (stored in ``findings``) and its live episodes (``job_over``,
+    ``ended_here_ns`` and ``fatal``: see ``diagnose_stored``)."""
     ensure_schema(db_path)
     database = connect(db_path, read_only=False, wait_s=120)
     report = diagnose_stored(database, run_id, mismatch_cap=mismatch_cap, job_over=job_over,
-                             ended_here_ns=ended_here_ns)
+                             ended_here_ns=ended_here_ns, fatal=fatal)
     database.script(findings_statements(report) + [analysis_done(run_id, "collectives", report.verdict)])
     return report, live_episodes(database, run_id)
 

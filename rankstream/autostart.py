@@ -157,9 +157,31 @@ def start_rank():
     register_optimizer_step_post_hook(IterationMarks(on_iteration))
     if options.run_dir is not None:
         _tell_the_launcher(options.run_dir, session.run_id)
+        _report_fatal_errors(options.run_dir, session.rank)
         threading.Thread(target=_answer_dump_requests, args=(options.run_dir, session.rank),
                          name="rankstream-dumps", daemon=True).start()
     return session
+
+
+#: Where a rank's ``faulthandler`` writes, in the run's directory, for ``run``'s verdict.
+FATAL_REPORT = "fatal_rank{rank}.txt"
+_fatal_report = None  # the open file faulthandler writes to: kept for the process's life
+
+
+def _report_fatal_errors(run_dir, rank: int) -> None:
+    """A crash in native code (a SIGSEGV, gloo's abort on mismatched data) ends the rank before it
+    can say a word: ``faulthandler`` then writes the error and the stacks to the run's directory,
+    where ``run`` reads them. A job that set ``faulthandler`` up itself keeps its own."""
+    import faulthandler
+
+    global _fatal_report
+    if faulthandler.is_enabled():
+        return
+    try:
+        _fatal_report = open(run_dir / FATAL_REPORT.format(rank=rank), "w")
+        faulthandler.enable(file=_fatal_report)
+    except (OSError, ValueError) as exc:  # no report of a crash, the job goes on as it would have
+        print(f"rankstream: rank {rank} cannot report fatal errors: {exc}", file=sys.stderr)
 
 
 def _stop_profiler(profiler) -> None:

@@ -385,6 +385,7 @@ class _Watch:
     def finish(self, drain_s: float) -> None:
         """Wait for the last events, run the analyses, print the verdict and where the report is."""
         from rankstream.flows.collective_analysis import diagnose_run
+        from rankstream.flows.diagnosis.loader import fatal_reports
         from rankstream.flows.html_report import html_report_if_possible
         from rankstream.flows.pipeline import analyze_everything
         from rankstream.flows.report import gather_report, render_run_report
@@ -400,7 +401,8 @@ class _Watch:
             return
         analyze_everything(self.config.db_path, self.run_id, collectives=False)
         try:
-            report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True, ended_here_ns=self.ended_ns)
+            report, _ = diagnose_run(self.config.db_path, self.run_id, job_over=True, ended_here_ns=self.ended_ns,
+                                     fatal=fatal_reports(self.run_dir))
             self.say(f"rankstream: {report.verdict.upper()}: {report.root_cause or 'no problem found'}")
         except BadInput as exc:  # nothing to diagnose: gloo records no send/recv, a job may issue no collective
             self.say(f"rankstream: no collective diagnosis: {exc}")

@@ -106,14 +106,16 @@ class Endings:
 
 
 def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False,
-                 ended_here_ns: int | None = None) -> Endings:
+                 ended_here_ns: int | None = None, fatal: dict[int, str] | None = None) -> Endings:
     """How each rank of ``run_id`` ended, judged at ``now_ns``. A rank heard from within ``QUIET_S``
     may still be running and is not called silent, unless ``job_over`` (the job launched on this
     host ended: ``run`` after its job) and the rank ran on this host in a process that is gone.
     Ranks of other nodes go by ``QUIET_S``: their launch may still be running (probe 10 e02: the
     head named another node's live ranks dead). ``ended_here_ns``: when ``run`` ended the job
     (``--on-hang kill``, or a signal it passed on); a rank that was alive then and ended without a
-    word was ended by it."""
+    word was ended by it. ``fatal``: rank -> the fatal error it reported on its way out (a crash in
+    native code, read by ``run`` from the ranks' ``faulthandler`` reports): a rank that left no
+    other word ended on it, a failure of its own."""
     here = socket.gethostname()
     recent_ns = now_ns - int(QUIET_S * 1e9)
     ends = [_end(rank, heard, bool(goodbye), last_ns, args, exit_ns,
@@ -122,6 +124,10 @@ def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False,
             in database.fetchall(ENDINGS_SQL, {"run": run_id})]
     if ended_here_ns is not None:
         ends = [_ended_here(end, ended_here_ns) for end in ends]
+    if fatal:
+        ends = [RankEnd(end.rank, "exception", fatal[end.rank], end.at_ns)
+                if end.rank in fatal and end.how in ("silent", "unheard", "signal") and end.reason in (None, ENDED_BY_RUN)
+                else end for end in ends]
     return Endings(ends, *_who_died(ends))
 
 

@@ -27,7 +27,7 @@ from rankstream.producers.fr_reader import groups_from_pg_config, list_fr_files,
 from rankstream.producers.importing import check_input_file, paused_gc
 from rankstream.schemas.errors import BadInput
 
-__all__ = ["LoadedDumps", "load_directory", "stack_at", "inside_for", "stack_file_places"]
+__all__ = ["LoadedDumps", "load_directory", "stack_at", "inside_for", "stack_file_places", "fatal_reports"]
 
 #: Below this many files, starting worker processes costs more than it saves.
 _PARALLEL_FROM = 16
@@ -229,6 +229,30 @@ def stack_file_places(directory: Path) -> dict[int, BlockedCall | OutsideCommuni
         if rank.isdigit() and place is not None:
             places[int(rank)] = place
     return places
+
+
+def fatal_reports(directory: Path) -> dict[int, str]:
+    """rank -> what its ``fatal_rank<N>.txt`` says (``faulthandler``'s report, written when a
+    rank died in native code): "fatal error: Segmentation fault in script.py:14 in main". Ranks
+    whose file is empty (they did not die so) are left out."""
+    reports = {}
+    for path in directory.glob("fatal_rank*.txt"):
+        rank = path.stem.removeprefix("fatal_rank")
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        error = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                      if line.startswith("Fatal Python error:")), None)
+        if not rank.isdigit() or error is None:
+            continue
+        # the thread that crashed, or, when a thread of native code did (gloo's abort), the main one
+        stacks = (_thread_stacks(text[text.find("Current thread"):]) if "Current thread" in text else
+                  [frames for frames in _thread_stacks(text) if any(f["name"] == "<module>" for f in frames)])
+        frames = stacks[0] if stacks else []
+        place = (innermost_call(frames) or place_outside(frames)) if frames else None
+        reports[int(rank)] = f"fatal error: {error}" + (f" in {place}" if place else "")
+    return reports
 
 
 def _recorded_frames(path: Path) -> list[dict] | None:

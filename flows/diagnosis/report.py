@@ -82,7 +82,7 @@ def diagnose_directory(directory: Path, *, prefix: str = "rank", selected_ranks:
 def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, dead: set[int] = frozenset(),
                     clock_error_ns: int = 0, live: bool = False, tail: int | None = None,
                     progress: RingProgress | None = None, job_over: bool = False,
-                    ended_here_ns: int | None = None) -> Report:
+                    ended_here_ns: int | None = None, fatal: dict[int, str] | None = None) -> Report:
     """A run in the database (live or imported). ``dead``: ranks known to have died (live: their
     heartbeats stopped; otherwise the ranks that ended without a word while their peers said how
     they ended, see ``exits``), which are then named as such rather than as missing dumps or
@@ -90,10 +90,11 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     records; ``progress``: the run's ``ring_progress`` when the caller already read it (see
     ``stored.load_stored``); ``job_over``: the job's processes are known to be gone (``run`` after
     its job), so no silent rank is still running, however recently it was heard from;
-    ``ended_here_ns``: when ``run --on-hang kill`` ended it (see ``exits.rank_endings``)."""
+    ``ended_here_ns``: when ``run --on-hang kill`` ended it, ``fatal``: the fatal errors ranks
+    reported (see ``exits.rank_endings``)."""
     started = time.perf_counter()
     endings = None if live else rank_endings(database, run_id, now_ns=time.time_ns(), job_over=job_over,
-                                             ended_here_ns=ended_here_ns)
+                                             ended_here_ns=ended_here_ns, fatal=fatal)
     dead = endings.dead if endings and not dead else dead
     stored = load_stored(database, run_id, live=live, dead=dead, tail=tail, progress=progress)
     if not len(stored.entries):

@@ -33,7 +33,7 @@ def _entry(record: int, group: tuple[str, str], seq: int, dtype: str = "Float") 
 
 
 def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None],
-           ended_here_ns: int | None = None):
+           ended_here_ns: int | None = None, fatal: dict[int, str] | None = None):
     """A run of ``calls`` (rank -> its (group, seq) calls, in order) whose ranks ended as ``ends``
     says: rank -> ("goodbye", at), ("heartbeat", at), (exit reason, at) or None for a rank that
     said nothing; a rank of the job missing from ``ends`` was never heard from. An exit record is
@@ -62,7 +62,7 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
                         [rank, at, json.dumps({"reason": how})])
             con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
                         "VALUES ('run', ?, 's', ?, true)", [rank, at + 10**8])
-    return diagnose_stored(Database.over(con, "endings"), "run", ended_here_ns=ended_here_ns).diagnosis
+    return diagnose_stored(Database.over(con, "endings"), "run", ended_here_ns=ended_here_ns, fatal=fatal).diagnosis
 
 
 #: Each step is a pair call (pairs 0-1 and 2-3), then a world call. Rank 1 dies before its pair's
@@ -255,3 +255,37 @@ def test_a_rank_gloo_aborted_for_a_peer_s_mismatched_data_is_the_mismatch_s_vict
     assert (result.root.kind, result.root.culprit_ranks) == ("dtype_mismatch", [3])
     dead = next(finding for finding in result.findings if finding.kind == "dead_rank")
     assert dead.culprit_ranks == [2] and "this death follows from that mismatch" in dead.evidence[-1]
+
+
+def test_a_rank_that_reported_a_fatal_error_ended_on_it_rather_than_without_a_word(tmp_path):
+    """A crash in native code leaves no exit record; under ``run`` the rank's faulthandler report
+    says what it was and where (probe 12: a SIGSEGV and gloo's abort read "without a word")."""
+    from rankstream.flows.diagnosis.loader import fatal_reports
+
+    (tmp_path / "fatal_rank1.txt").write_text(
+        "Fatal Python error: Segmentation fault\n\nThread 0x00007f79d047f6c0 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+        "Current thread 0x00007f79d1213b80 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+        '  File "/job/train.py", line 14 in main\n  File "/job/train.py", line 30 in <module>')
+    (tmp_path / "fatal_rank0.txt").write_text("")  # a rank that did not crash
+    fatal = fatal_reports(tmp_path)
+    assert fatal == {1: "fatal error: Segmentation fault in __init__.py:519 in string_at, from train.py:14"}
+    result = _store(AT_FIRST_CALL, {1: None, **TORN_DOWN}, fatal=fatal)
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
+    assert result.root.headline().startswith(
+        "rank 1 ended on fatal error: Segmentation fault in __init__.py:519 in string_at, from train.py:14"), \
+        result.root.headline()
+    # gloo aborts from a thread of its own: no Python thread is current, and the main one says where
+    (tmp_path / "fatal_rank1.txt").write_text(
+        "Fatal Python error: Aborted\n\nThread 0x00007f698effd6c0 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/selectors.py", line 468 in select\n\n'
+        "Thread 0x00007f69ccab4b80 (most recent call first):\n"
+        '  File "/venv/torch/distributed/distributed_c10d.py", line 2950 in all_reduce\n'
+        '  File "/job/train.py", line 18 in main\n  File "/job/train.py", line 31 in <module>\n\n'
+        "Extension modules: numpy (total: 1)\n")
+    assert fatal_reports(tmp_path) == {1: "fatal error: Aborted in all_reduce (distributed_c10d.py:2950, from "
+                                          "train.py:18)"}
+    # a report of a rank that said how it ended changes nothing
+    result = _store(AT_FIRST_CALL, {1: None, **TORN_DOWN}, fatal={2: "fatal error: Aborted"})
+    assert result.root.culprit_ranks == [1] and "without a word" in result.root.headline()
