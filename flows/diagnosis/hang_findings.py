@@ -714,6 +714,18 @@ def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq)[rank]
     absent = sorted(e.target for e in graph.edges[rank] if e.waiter == position)
+    history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
+    skipped = seqs.predicted(history, position.seq)
+    if skipped is not None and skipped != value and seqs.predicted(history, position.seq + 1) == value:
+        # the call the group issues next: the rank skipped the one before it (the peer that took
+        # its data in that one may have been aborted for it, and left no entry of its own there)
+        return Finding(
+            kind="skipped_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
+            seq=position.seq, expected=run.describe(skipped), actual=run.describe(value),
+            waiting_ranks=sorted(graph.upstream({rank})), in_flight=True, evidence=[
+                f"rank {rank}'s #{position.seq} of {seqs.group.label} is {_short_call(run, value)}, which the "
+                f"group's period has at #{position.seq + 1}; at #{position.seq} it has "
+                f"{_short_call(run, skipped)}"])
     evidence = [f"rank {rank} waits in #{position.seq} of {seqs.group.label} for ranks {absent}, which never "
                 "issued it", "no sibling group issued that call there, and the group's earlier calls do not "
                 "predict it"]
@@ -722,6 +734,12 @@ def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding
         kind="extra_collective", culprit_ranks=[rank], group=seqs.group.name, group_desc=seqs.group.desc,
         seq=seq, seq_range=stretch, actual=run.describe(value), waiting_ranks=sorted(graph.upstream({rank})),
         in_flight=True, evidence=evidence)
+
+
+def _short_call(run: Run, value: int) -> str:
+    """``all_reduce of [[64, 64]]``."""
+    described = run.describe(value) or {}
+    return f"{described.get('op', 'a call')} of {described.get('shape')}"
 
 
 def _origin(run: Run, rank: int, seqs: GroupSequences, hang_seq: int,

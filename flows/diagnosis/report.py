@@ -163,7 +163,9 @@ def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -
     last entry was lost in the teardown is no tie either). Deaths the findings do not all
     name (several ranks died at once; one died before any call showed it) lead as one finding."""
     renamed = False
-    mismatched = {(f.group, f.seq): f for f in result.findings if f.kind in MISMATCH_KINDS and f.culprit_ranks}
+    # a call fed data that does not fit it: a mismatch, or a skip that sent the next call's data
+    mismatched = {(f.group, f.seq): f for f in result.findings if f.culprit_ranks and (
+        f.kind in MISMATCH_KINDS or (f.kind == "skipped_collective" and isinstance(f.actual, dict) and "op" in f.actual))}
     for finding in result.findings:
         if finding.kind in ("missing_dump", "skipped_collective") and finding.culprit_ranks \
                 and set(finding.culprit_ranks) <= set(dead):

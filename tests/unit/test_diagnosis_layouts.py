@@ -1069,3 +1069,22 @@ def _skip_at_end() -> dict[int, Program]:
     for rank in (0, 1):
         programs[rank].collective(state="started")
     return programs
+
+
+def test_a_rank_waiting_in_the_call_its_group_issues_next_skipped_the_one_before_it():
+    """Probe 12 (job34): in a tensor-parallel pair, rank 1 skipped the activation all_reduce; its
+    next call (a gradient's) fed rank 0 data of another size, gloo aborted rank 0, and rank 0's last
+    entries never reached the bus. Rank 1 waits in a call the group's period has one later: it
+    skipped the call before it, rather than issuing an extra one."""
+    programs = {rank: Program() for rank in (0, 1)}
+    step = [("all_reduce", 16), ("all_reduce", 64), ("all_reduce", 10)]
+    for _ in range(10):
+        for op, size in step:
+            for program in programs.values():
+                program.seq += 1
+                program._add(op, "completed", size)
+    programs[1].seq += 1
+    programs[1]._add("all_reduce", "started", 64)  # the group's #32, as its #31
+    root = diagnosis(programs).root
+    assert (root.kind, root.culprit_ranks, root.seq) == ("skipped_collective", [1], 31), root.headline()
+    assert root.expected["shape"] != root.actual["shape"]

@@ -289,3 +289,20 @@ def test_a_rank_that_reported_a_fatal_error_ended_on_it_rather_than_without_a_wo
     # a report of a rank that said how it ended changes nothing
     result = _store(AT_FIRST_CALL, {1: None, **TORN_DOWN}, fatal={2: "fatal error: Aborted"})
     assert result.root.culprit_ranks == [1] and "without a word" in result.root.headline()
+
+
+def test_a_peer_gloo_aborted_for_the_next_call_s_data_of_a_rank_that_skipped_is_its_victim():
+    """Rank 0 skipped a call of its pair and went on to the next one, whose data gloo found
+    mismatched in rank 1's call: gloo aborted rank 1, whose last entries were lost. The skip
+    leads; the death follows from it (probe 12, job34: the victim was named the crash)."""
+    dtypes = ["Float", "Double", "Half"]
+    pair = [(PAIR, seq, dtypes[(seq - 1) % 3]) for seq in range(1, 31)]
+    calls = {0: pair + [(PAIR, 31, dtypes[31 % 3])], 1: pair[:24],
+             2: [(OTHER_PAIR, seq) for seq in range(1, 31)], 3: [(OTHER_PAIR, seq) for seq in range(1, 31)]}
+    ends = {1: None, 0: ("uncaught RuntimeError: Connection closed by peer", GONE),
+            2: ("signal SIGTERM", GONE), 3: ("signal SIGTERM", GONE)}
+    result = _store(calls, ends)
+    assert (result.root.kind, result.root.culprit_ranks, result.root.seq) == ("skipped_collective", [0], 31), \
+        result.root.headline()
+    death = next(f for f in result.findings if f.kind == "dead_rank")
+    assert death.culprit_ranks == [1] and death.inferred
