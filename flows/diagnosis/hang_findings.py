@@ -711,6 +711,8 @@ def _stuck(run: Run, graph: WaitGraph, position: Position) -> Finding:
 
 
 def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding:
+    """A rank waiting in a call the job does not issue there: an extra call, or, when it is the
+    call the group's period has next, a skip of the one before it."""
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq)[rank]
     absent = sorted(e.target for e in graph.edges[rank] if e.waiter == position)
