@@ -124,10 +124,10 @@ def _numbered(finding: Finding, value: Any) -> str:
 
 
 def _roots(finding: Finding) -> str:
-    """``, waiting for root rank 1 where the others name rank 0``, when the roots differ."""
-    actual, expected = finding.actual, finding.expected
-    if isinstance(actual, dict) and isinstance(expected, dict) and "root" in actual and "root" in expected:
-        return f", waiting for root rank {actual['root']} where the others name rank {expected['root']}"
+    """``, naming different roots (rank 0: 0, rank 2: 1)``, when their stacks say so."""
+    roots = finding.actual.get("roots") if isinstance(finding.actual, dict) else None
+    if roots:
+        return ", naming different roots (" + ", ".join(f"rank {rank}: {root}" for rank, root in roots.items()) + ")"
     return ""
 
 
@@ -163,6 +163,9 @@ _WHAT = {
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
     "skipped_collective": lambda f: (f"never reached {_numbered(f, f.expected)} (stalled at {f.actual['stalled_at']})"
                                      if isinstance(f.actual, dict) and f.actual.get("stalled_at")
+                                     else f"is blocked in {f.actual['blocked_in']} instead of "
+                                          f"{_numbered(f, f.expected)}, waiting for a peer"
+                                     if isinstance(f.actual, dict) and f.actual.get("blocked_in")
                                      else f"left the job early: it ended cleanly instead of issuing "
                                           f"{_numbered(f, f.expected)}"
                                      if isinstance(f.actual, dict) and f.actual.get("left")

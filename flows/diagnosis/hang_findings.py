@@ -157,6 +157,7 @@ def _sinks(run: Run, graph: WaitGraph, settled: set[int]) -> list[Finding]:
     for sink, finding in unrecorded.items():  # nothing shows it went past: it may be blocked in a call
         finding.inferred = True  # ranked after the findings with direct evidence
         if sink in blocked and blocked[sink].point_to_point:
+            finding.actual = {"blocked_in": str(blocked[sink])}
             finding.evidence.append(f"rank {sink}'s live stack shows it blocked in {blocked[sink]}, a "
                                     "point-to-point call the Flight Recorder does not record with gloo: it waits "
                                     "for a peer")
@@ -270,28 +271,26 @@ def _same_function(op: str | None, function: str) -> bool:
 
 
 def _stuck_in_previous(run: Run, graph: WaitGraph, code: int, seq: int, ranks: list[int], blocked: dict) -> Finding:
-    """Ranks still inside a call their peers went past. When their stacks name the call's root,
-    a rank waiting for a root that went past the call (so never served it as its root) is the one
-    that named another root; the others inside wait for it."""
+    """Ranks still inside a call their peers went past. When their stacks name different roots,
+    they disagree on the call's root, and the finding says so; which of them is wrong cannot be
+    told from the ranks inside alone (a rank naming itself and one naming a root that went past
+    look alike whichever of the two erred), so all of them are named."""
     seqs = run.sequences[code]
     value = seqs.values_at(seq)[ranks[0]]
     past = sorted(rank for rank, last in seqs.last_seq().items() if last > seq and rank not in ranks)
     roots = {rank: blocked[rank].root for rank in ranks}
-    astray = [rank for rank, root in roots.items() if root is not None and root != rank and root in past]
-    kept = {roots[rank] for rank in ranks if rank not in astray}
-    culprits = astray if astray and len(astray) < len(ranks) and len(kept) == 1 and None not in kept else ranks
-    expected, actual = run.describe(value), run.describe(value)
+    described = run.describe(value)
+    actual = described
     evidence = [f"rank {rank}'s live stack shows it inside {blocked[rank]}, its last call of {seqs.group.label} "
                 f"(#{seq})" for rank in ranks]
-    if culprits != ranks:
-        (root,) = kept
-        expected, actual = {**expected, "root": root}, {**actual, "root": roots[culprits[0]]}
-        evidence.append(f"{ranks_text(culprits)} wait(s) for root rank(s) {sorted({roots[r] for r in culprits})}, "
-                        f"which went past #{seq} without serving them; the other ranks inside name root rank {root}")
+    if None not in roots.values() and len(set(roots.values())) > 1:
+        actual = {**described, "roots": {str(rank): root for rank, root in roots.items()}}
+        evidence.append("their stacks name different roots: "
+                        + ", ".join(f"rank {rank} root {root}" for rank, root in roots.items()))
     return Finding(
-        kind="stuck_in_collective", culprit_ranks=culprits, group=seqs.group.name, group_desc=seqs.group.desc,
-        seq=seq, expected=expected, actual=actual,
-        waiting_ranks=sorted((graph.upstream(set(ranks)) | set(ranks)) - set(culprits)), in_flight=True,
+        kind="stuck_in_collective", culprit_ranks=ranks, group=seqs.group.name, group_desc=seqs.group.desc,
+        seq=seq, expected=described, actual=actual,
+        waiting_ranks=sorted(graph.upstream(set(ranks)) - set(ranks)), in_flight=True,
         evidence=evidence + [f"{ranks_text(past)} went past #{seq}: for them it completed (gloo marks no entry "
                              "completed)"])
 

@@ -125,9 +125,20 @@ def innermost_call(frames: list[dict]) -> BlockedCall | None:
             where = f"{filename.rsplit('/', 1)[-1]}:{frame.get('line')}"
             if caller is not None:
                 where += f", from {str(caller.get('filename', '')).rsplit('/', 1)[-1]}:{caller.get('line')}"
-            function = str(frame["name"])
-            peer = (frame.get("args") or {}).get(_POINT_TO_POINT.get(function) or _ROOTED.get(function, ""))
-            return BlockedCall(function, where, peer if type(peer) is int else None)
+            return BlockedCall(str(frame["name"]), where, _peer(frames[i:]))
+    return None
+
+
+def _peer(frames: list[dict]) -> int | None:
+    """The global rank the innermost ``torch.distributed`` call names, or the public function
+    around it (``recv_object_list(src=1)`` calls ``recv(group_src=1)``, which names none)."""
+    for frame in frames:
+        if not str(frame.get("filename", "")).replace("\\", "/").endswith(C10D_MODULE):
+            continue
+        function = str(frame.get("name"))
+        peer = (frame.get("args") or {}).get(_POINT_TO_POINT.get(function) or _ROOTED.get(function, ""))
+        if type(peer) is int:
+            return peer
     return None
 
 

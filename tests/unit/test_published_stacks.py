@@ -187,19 +187,37 @@ def test_a_dump_folder_s_recorded_frames_name_the_peer_its_text_stack_cannot(tmp
     assert stack_file_places(tmp_path)[3].function == "recv"
 
 
-def test_of_the_ranks_inside_a_broadcast_the_one_waiting_for_a_root_that_went_past_it_is_named():
-    """Live probe 12 (job32): rank 2 broadcast from root 1 while the others used root 0. Ranks 1
-    and 3 went past the call; root 0 and rank 2 stayed inside it. Rank 0 waits as the root it
-    is; rank 2 waits for rank 1, which went past without serving it: rank 2 named another root."""
+def test_ranks_inside_a_broadcast_whose_stacks_name_different_roots_are_said_to_disagree_on_it():
+    """Live probes 12 and 13: a rank broadcast from another root than its peers. Who erred cannot
+    be told from the ranks inside alone (a rank naming itself and one naming a root that went past
+    look alike whichever erred: a rule that named the one waiting for a root that went past blamed
+    an innocent rank when the culprit named itself), so both are named, with their roots."""
     def rooted(root: int) -> list[dict]:
         return [dict(BROADCAST[0], args={"src": root}), *BROADCAST[1:]]
 
     result = _diagnose({0: rooted(0), 2: rooted(1)}, ops={7: "broadcast"}, reached={0: 7, 1: 8, 2: 7, 3: 8})
     root = result.root
-    assert (root.kind, root.culprit_ranks, root.seq) == ("stuck_in_collective", [2], 7)
-    assert 0 in root.waiting_ranks
-    assert root.headline().startswith("rank 2 is stuck in broadcast #7, which its peers completed, waiting for root "
-                                      "rank 1 where the others name rank 0"), root.headline()
-    # without the roots both stay named, as before
-    result = _diagnose({0: BROADCAST, 2: BROADCAST}, ops={7: "broadcast"}, reached={0: 7, 1: 8, 2: 7, 3: 8})
-    assert result.root.culprit_ranks == [0, 2]
+    assert (root.kind, root.culprit_ranks, root.seq) == ("stuck_in_collective", [0, 2], 7)
+    assert root.headline().startswith("ranks 0, 2 are stuck in broadcast #7, which their peers completed, naming "
+                                      "different roots (rank 0: 0, rank 2: 1)"), root.headline()
+    # the same roots say nothing more
+    result = _diagnose({0: rooted(0), 2: rooted(0)}, ops={7: "broadcast"}, reached={0: 7, 1: 8, 2: 7, 3: 8})
+    assert "roots" not in result.root.headline()
+
+
+def test_the_peer_of_an_object_list_call_is_read_from_the_public_function_around_it():
+    """``recv_object_list(src=1)`` calls ``recv(group_src=1)``: the innermost call names no global
+    rank, the public function around it does (probe 13, p11)."""
+    frames = [dict(RECV[0], args={"group_src": 1}),
+              {"name": "recv_object_list", "filename": C10D, "line": 3390, "args": {"src": 1, "group_src": 1}},
+              *RECV[1:]]
+    assert innermost_call(frames).peer == 1
+
+
+def test_a_rank_blocked_in_a_recv_whose_peer_is_unknown_is_not_said_to_have_skipped_the_call():
+    """A receive from any source, or one given a rank within its group: the stack names no global
+    rank. The rank waits for some peer; the headline says where it is blocked (probe 13, p13)."""
+    result = _diagnose({3: RECV}, reached={0: 8, 1: 8, 2: 8, 3: 7})
+    assert result.root.culprit_ranks == [3]
+    assert result.root.headline().startswith("rank 3 is blocked in recv (distributed_c10d.py:2799, from train.py:37) "
+                                             "instead of all_reduce #8, waiting for a peer"), result.root.headline()
