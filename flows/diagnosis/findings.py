@@ -180,6 +180,11 @@ _WHAT = {
                             else "stopped sending heartbeats")
                            + (f"; its peers wait in {_numbered(f, f.expected)}" if f.expected else ""),
     "p2p_unmatched": lambda f: (f"never posted its side of {_op(f.expected)} (p2p #{f.seq})" if f.seq is not None
+                                else f"sent to rank {f.actual['peer']}, which receives from rank "
+                                     f"{f.actual['receives_from']}"
+                                if isinstance(f.actual, dict) and "receives_from" in f.actual
+                                else f"never posted its {_transfer(f.expected)} (stalled at {f.actual['stalled_at']})"
+                                if isinstance(f.actual, dict) and "stalled_at" in f.actual
                                 else f"never posted its {_transfer(f.expected)}"),
     "state_mismatch": lambda f: f"went on without completing {_numbered(f, f.expected)}, which its peers completed",
     "straggler": lambda f: "arrives last at its collectives",

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankstream.flows.diagnosis.blocked_transfers import blocked_transfer_findings
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose, rooted
 from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import MISMATCH_KINDS, WAIT_KINDS, Finding, ranks_text
@@ -112,6 +113,8 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
                       places=lambda: current_places(database, run_id))
     _name_the_dead(result, dead, endings)
     _name_the_departed(result, endings)
+    if not result.findings and endings is not None and not all(end.how == "goodbye" for end in endings.ends):
+        result.findings[:] = blocked_transfer_findings(current_places(database, run_id))  # gloo's transfers
     _cap(result, mismatch_cap)
     for finding in result.findings:
         if finding.culprit_ranks and finding.group is not None:

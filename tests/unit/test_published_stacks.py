@@ -221,3 +221,25 @@ def test_a_rank_blocked_in_a_recv_whose_peer_is_unknown_is_not_said_to_have_skip
     assert result.root.culprit_ranks == [3]
     assert result.root.headline().startswith("rank 3 is blocked in recv (distributed_c10d.py:2799, from train.py:37) "
                                              "instead of all_reduce #8, waiting for a peer"), result.root.headline()
+
+
+def test_a_hang_of_transfers_alone_is_read_from_the_stacks():
+    """Probe 13: with no collective pending, the entries saw nothing and three hung jobs ended
+    "HEALTHY". Following the peers the blocked ranks' stacks name finds the rank at the end."""
+    from rankstream.flows.diagnosis.blocked_transfers import blocked_transfer_findings
+
+    def blocked(function: str, peer: int | None) -> BlockedCall:
+        return BlockedCall(function, "distributed_c10d.py:2799, from pipe.py:40", peer)
+
+    stalled = OutsideCommunication("pipe.py:52 in <module>")
+    [found] = blocked_transfer_findings({0: blocked("send", 1), 1: stalled, 2: blocked("recv", 1)})
+    assert (found.kind, found.culprit_ranks, found.waiting_ranks) == ("p2p_unmatched", [1], [0, 2])
+    assert found.headline().startswith("rank 1 never posted its recv from rank 0 (stalled at pipe.py:52 in <module>)")
+    [found] = blocked_transfer_findings({0: blocked("send", 2), 1: blocked("recv", 0), 2: blocked("recv", 1)})
+    assert (found.culprit_ranks, found.headline()) == ([0], "rank 0 sent to rank 2, which receives from rank 1; "
+                                                            "2 ranks wait for it")
+    [found] = blocked_transfer_findings({0: blocked("recv", 1), 1: blocked("recv", 0)})
+    assert (found.kind, found.culprit_ranks) == ("deadlock", [0, 1])
+    [found] = blocked_transfer_findings({0: blocked("recv", 1)})  # rank 1 left no current stack
+    assert found.culprit_ranks == [1] and found.headline().startswith("rank 1 never posted its send to rank 0")
+    assert blocked_transfer_findings({0: stalled}) == []
