@@ -48,8 +48,9 @@ SELECT rank, stacks.name, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM
 """
 
 #: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with
-#: gloo, and the argument that names the peer (a global rank).
-_POINT_TO_POINT = {"send": "dst", "recv": "src", "send_object_list": "dst", "recv_object_list": "src"}
+#: gloo, and the argument that names the peer (a global rank). ``wait`` stands for the job's own
+#: frame waiting on an ``isend``/``irecv`` request (``schemas.stack_frames``), which names none.
+_POINT_TO_POINT = {"send": "dst", "recv": "src", "send_object_list": "dst", "recv_object_list": "src", "wait": ""}
 #: Collectives with a root, and the argument that names it: gloo's entries do not record it.
 _ROOTED = {"broadcast": "src", "broadcast_object_list": "src", "scatter": "src", "scatter_object_list": "src",
            "reduce": "dst", "gather": "dst", "gather_object": "dst"}
@@ -116,7 +117,12 @@ def place_outside(frames: list[dict]) -> OutsideCommunication | None:
 
 def innermost_call(frames: list[dict]) -> BlockedCall | None:
     """The innermost ``torch.distributed`` collective or point-to-point function on a stack
-    (innermost frame first), with where it was called from; None when the stack is in none."""
+    (innermost frame first), with where it was called from, or a request the innermost frame
+    waits on; None when the stack is in none."""
+    if frames and frames[0].get("waits_on_request"):
+        frame = frames[0]
+        return BlockedCall("wait", f"{str(frame.get('filename', '?')).rsplit('/', 1)[-1]}:{frame.get('line')} in "
+                                   f"{frame.get('name', '?')}, on a request")
     for i, frame in enumerate(frames):
         filename = str(frame.get("filename", "")).replace("\\", "/")
         if filename.endswith(C10D_MODULE) and not str(frame.get("name", "_")).startswith("_"):

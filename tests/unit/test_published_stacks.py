@@ -243,3 +243,32 @@ def test_a_hang_of_transfers_alone_is_read_from_the_stacks():
     [found] = blocked_transfer_findings({0: blocked("recv", 1)})  # rank 1 left no current stack
     assert found.culprit_ranks == [1] and found.headline().startswith("rank 1 never posted its send to rank 0")
     assert blocked_transfer_findings({0: stalled}) == []
+
+
+def test_a_rank_waiting_on_a_transfer_request_is_blocked_not_stalled_in_its_own_code():
+    """``req.wait()`` on an ``irecv`` request is C++: the job's own line is the innermost frame.
+    The tap notes the request it holds, and the rank waits for a peer rather than being stalled
+    outside communication (probe 13, p9 and p10)."""
+    import sys
+
+    from rankstream.schemas.stack_frames import frame_records
+
+    request_type = type("Work", (), {"__module__": "torch.distributed.distributed_c10d"})  # as torch names it
+
+    def waiting_on(req) -> list[dict]:
+        return frame_records(sys._getframe())
+
+    frames = waiting_on(request_type())
+    assert frames[0]["waits_on_request"] is True
+    place = innermost_call(frames)
+    assert place is not None and place.point_to_point and place.function == "wait"
+    assert "waits_on_request" not in waiting_on([object()])[0]  # nothing of torch's held
+
+    class Request:
+        def wait(self):  # as a C method, it leaves the caller's frame innermost: the frame of the call
+            return frame_records(sys._getframe(1))
+
+    assert Request().wait()[0]["waits_on_request"] is True  # held nowhere: ``dist.irecv(t, 1).wait()``
+    result = _diagnose({3: [dict(SLEEP[0], waits_on_request=True)]}, reached={0: 8, 1: 8, 2: 8, 3: 7})
+    assert result.root.headline().startswith("rank 3 is blocked in wait (train.py:41 in <module>, on a request) "
+                                             "instead of all_reduce #8"), result.root.headline()
