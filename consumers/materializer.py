@@ -84,13 +84,16 @@ def materializer_lag(config: Config) -> int | None:
     """Messages on the bus the materializer has not stored yet, from its last status file; None
     when there is none, or it is stale (``materializer_silent_s``)."""
     status = _status(config)
-    return None if materializer_silent_s(config, status) else status.get("lag_messages")
+    return None if _silent_s(status) else status.get("lag_messages")
 
 
-def materializer_silent_s(config: Config, status: dict | None = None) -> float | None:
+def materializer_silent_s(config: Config) -> float | None:
     """How long the materializer's status file has not been written, when that is more than
     ``STALE_AFTER_S``; None when it is fresh or there is none."""
-    status = _status(config) if status is None else status
+    return _silent_s(_status(config))
+
+
+def _silent_s(status: dict) -> float | None:
     updated = status.get("updated_at")
     age = time.time() - updated if isinstance(updated, (int, float)) else None
     return age if age is not None and age > STALE_AFTER_S else None

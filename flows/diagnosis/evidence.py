@@ -53,8 +53,7 @@ def decide(d: Disagreement, seqs: GroupSequences, siblings: list[GroupSequences]
         return
     candidates = set(d.values.values())
     votes: Counter = Counter()
-    history = {seq: value for seq, value in seqs.consensus().items() if seq < d.seq}
-    predicted = seqs.predicted(history, d.seq)
+    predicted = seqs.predicted_before(d.seq)
     if predicted in candidates:
         votes[predicted] += 2
         d.evidence.append(f"the group's earlier calls repeat with a period that predicts "

@@ -126,7 +126,7 @@ def rank_endings(database, run_id: str, *, now_ns: int, job_over: bool = False,
         ends = [_ended_here(end, ended_here_ns) for end in ends]
     if fatal:
         ends = [RankEnd(end.rank, "exception", fatal[end.rank], end.at_ns)
-                if end.rank in fatal and end.how in ("silent", "unheard", "signal") and end.reason in (None, ENDED_BY_RUN)
+                if end.rank in fatal and (end.how in ("silent", "unheard") or end.reason == ENDED_BY_RUN)
                 else end for end in ends]
     return Endings(ends, *_who_died(ends))
 

@@ -77,7 +77,8 @@ class Finding:
 
     def headline(self) -> str:
         """One line: who did what where, and who it blocks."""
-        where = f"in {describe_group(self.group, self.group_desc, self.group_ranks)}" if self.group is not None else ""
+        where = "" if self.group is None else (("in the group of " if self.group_ranks else "in group ")
+                                                + describe_group(self.group, self.group_desc, self.group_ranks))
         if not self.culprit_ranks and self.kind in _DISAGREE_ON and isinstance(self.actual, dict):
             ops = sorted({value.get("op", "?") for value in self.actual.values() if isinstance(value, dict)})
             what = f"disagree on {_DISAGREE_ON[self.kind]} of #{self.seq} ({' / '.join(ops)})"
@@ -108,11 +109,11 @@ PLACEHOLDER_DESC = "undefined"
 
 
 def describe_group(name: str | None, desc: str | None, ranks: list[int] | None = None) -> str:
-    """``group tp (pg 3)``; a group torch describes with nothing by its members, when known:
-    ``the group of ranks 0, 1 (pg 2)``."""
+    """``tp (pg 3)``; a group torch describes with nothing, by its members when given:
+    ``ranks 0, 1 (pg 2)``; else ``pg 3``."""
     if desc and desc not in (name, PLACEHOLDER_DESC):
-        return f"group {desc} (pg {name})"
-    return f"the group of {ranks_text(ranks)} (pg {name})" if ranks else f"group pg {name}"
+        return f"{desc} (pg {name})"
+    return f"{ranks_text(ranks)} (pg {name})" if ranks else f"pg {name}"
 
 
 def _op(value: Any) -> str:
@@ -134,6 +135,30 @@ def _roots(finding: Finding) -> str:
 def _transfer(value: dict) -> str:
     """``send to rank 3``, ``recv from rank 1``."""
     return f"{_op(value)} {'to' if value.get('op') == 'send' else 'from'} rank {value.get('peer')}"
+
+
+def _skipped(f: Finding) -> str:
+    """A rank absent from a call: where it stalled, blocked or went, when known."""
+    actual, call = f.actual if isinstance(f.actual, dict) else {}, _numbered(f, f.expected)
+    if actual.get("stalled_at"):
+        return f"never reached {call} (stalled at {actual['stalled_at']})"
+    if actual.get("blocked_in"):
+        return f"is blocked in {actual['blocked_in']} instead of {call}, waiting for a peer"
+    if actual.get("left"):
+        return f"left the job early: it ended cleanly instead of issuing {call}"
+    return f"skipped {call}"
+
+
+def _unmatched(f: Finding) -> str:
+    """A transfer without its counterpart: numbered (NCCL's entries), or read from stacks (gloo)."""
+    actual = f.actual if isinstance(f.actual, dict) else {}
+    if f.seq is not None:
+        return f"never posted its side of {_op(f.expected)} (p2p #{f.seq})"
+    if "receives_from" in actual:
+        return f"sent to rank {actual['peer']}, which receives from rank {actual['receives_from']}"
+    if "stalled_at" in actual:
+        return f"never posted its {_transfer(f.expected)} (stalled at {actual['stalled_at']})"
+    return f"never posted its {_transfer(f.expected)}"
 
 
 def _call(finding: Finding) -> str:
@@ -161,15 +186,7 @@ _WHAT = {
                                      + _roots(f),
     "not_started": lambda f: f"enqueued {_call(f)} but never started it on the device",
     "stalled_collective": lambda f: f"are all inside {_numbered(f, f.actual)}, which never completes",
-    "skipped_collective": lambda f: (f"never reached {_numbered(f, f.expected)} (stalled at {f.actual['stalled_at']})"
-                                     if isinstance(f.actual, dict) and f.actual.get("stalled_at")
-                                     else f"is blocked in {f.actual['blocked_in']} instead of "
-                                          f"{_numbered(f, f.expected)}, waiting for a peer"
-                                     if isinstance(f.actual, dict) and f.actual.get("blocked_in")
-                                     else f"left the job early: it ended cleanly instead of issuing "
-                                          f"{_numbered(f, f.expected)}"
-                                     if isinstance(f.actual, dict) and f.actual.get("left")
-                                     else f"skipped {_numbered(f, f.expected)}"),
+    "skipped_collective": lambda f: _skipped(f),
     "extra_collective": lambda f: f"issued an extra {_numbered(f, f.actual)}",
     "type_mismatch": lambda f: f"issued {_op(f.actual)} where its peers issued {_numbered(f, f.expected)}",
     "size_mismatch": lambda f: f"used other tensor sizes in {_numbered(f, f.expected)}",
@@ -179,13 +196,7 @@ _WHAT = {
     "dead_rank": lambda f: (f"ended {f.actual['ended']}" if isinstance(f.actual, dict) and f.actual.get("ended")
                             else "stopped sending heartbeats")
                            + (f"; its peers wait in {_numbered(f, f.expected)}" if f.expected else ""),
-    "p2p_unmatched": lambda f: (f"never posted its side of {_op(f.expected)} (p2p #{f.seq})" if f.seq is not None
-                                else f"sent to rank {f.actual['peer']}, which receives from rank "
-                                     f"{f.actual['receives_from']}"
-                                if isinstance(f.actual, dict) and "receives_from" in f.actual
-                                else f"never posted its {_transfer(f.expected)} (stalled at {f.actual['stalled_at']})"
-                                if isinstance(f.actual, dict) and "stalled_at" in f.actual
-                                else f"never posted its {_transfer(f.expected)}"),
+    "p2p_unmatched": lambda f: _unmatched(f),
     "state_mismatch": lambda f: f"went on without completing {_numbered(f, f.expected)}, which its peers completed",
     "straggler": lambda f: "arrives last at its collectives",
 }

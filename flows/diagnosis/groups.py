@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankstream.flows.diagnosis.entries import Entries
-from rankstream.flows.diagnosis.findings import PLACEHOLDER_DESC, ranks_text
+from rankstream.flows.diagnosis.findings import PLACEHOLDER_DESC, describe_group
 
 __all__ = ["Group", "find_groups", "PLACEHOLDER_DESC"]
 
@@ -37,9 +37,7 @@ class Group:
     @property
     def label(self) -> str:
         """``tp (pg 3)``; a group torch describes with nothing, by its members: ``ranks 0, 1 (pg 2)``."""
-        if self.desc and self.desc not in (self.name, PLACEHOLDER_DESC):
-            return f"{self.desc} (pg {self.name})"
-        return f"{ranks_text(list(self.members))} (pg {self.name})" if self.undescribed else f"pg {self.name}"
+        return describe_group(self.name, self.desc, list(self.members) if self.undescribed else None)
 
     @property
     def undescribed(self) -> bool:

@@ -477,8 +477,7 @@ def _legitimate(run: Run, position: Position, values: dict[int, int]) -> bool:
     family = siblings_of(seqs, run.sequences)
     if any(value in s.values_at(position.seq).values() for s in family):
         return True
-    history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
-    predicted = seqs.predicted(history, position.seq)
+    predicted = seqs.predicted_before(position.seq)
     if predicted is not None and predicted != value:
         return False
     if family and len(values) == 1:
@@ -715,9 +714,8 @@ def _extra(run: Run, graph: WaitGraph, rank: int, position: Position) -> Finding
     seqs = run.sequences[position.group]
     value = seqs.values_at(position.seq)[rank]
     absent = sorted(e.target for e in graph.edges[rank] if e.waiter == position)
-    history = {seq: v for seq, v in seqs.consensus().items() if seq < position.seq}
-    skipped = seqs.predicted(history, position.seq)
-    if skipped is not None and skipped != value and seqs.predicted(history, position.seq + 1) == value:
+    skipped = seqs.predicted_before(position.seq)
+    if skipped is not None and skipped != value and seqs.predicted_before(position.seq, at=position.seq + 1) == value:
         # the call the group issues next: the rank skipped the one before it (the peer that took
         # its data in that one may have been aborted for it, and left no entry of its own there)
         return Finding(

@@ -223,9 +223,7 @@ def stack_file_places(directory: Path) -> dict[int, BlockedCall | OutsideCommuni
             text = path.read_text(errors="replace")
         except OSError:
             continue
-        main = main or next((frames for frames in _thread_stacks(text)  # the thread that runs the script
-                             if any(frame["name"] == "<module>" for frame in frames)), None)
-        place = (innermost_call(main) or place_outside(main)) if main else None
+        place = _place(main or _main_stack(text))
         if rank.isdigit() and place is not None:
             places[int(rank)] = place
     return places
@@ -247,12 +245,20 @@ def fatal_reports(directory: Path) -> dict[int, str]:
         if not rank.isdigit() or error is None:
             continue
         # the thread that crashed, or, when a thread of native code did (gloo's abort), the main one
-        stacks = (_thread_stacks(text[text.find("Current thread"):]) if "Current thread" in text else
-                  [frames for frames in _thread_stacks(text) if any(f["name"] == "<module>" for f in frames)])
-        frames = stacks[0] if stacks else []
-        place = (innermost_call(frames) or place_outside(frames)) if frames else None
+        current = _thread_stacks(text[text.find("Current thread"):]) if "Current thread" in text else []
+        place = _place(current[0] if current else _main_stack(text))
         reports[int(rank)] = f"fatal error: {error}" + (f" in {place}" if place else "")
     return reports
+
+
+def _main_stack(text: str) -> list[dict]:
+    """The frames of the thread that runs the script in a ``faulthandler`` text (empty if none)."""
+    return next((frames for frames in _thread_stacks(text) if any(f["name"] == "<module>" for f in frames)), [])
+
+
+def _place(frames: list[dict]) -> BlockedCall | OutsideCommunication | None:
+    """Where a stack is: in a ``torch.distributed`` call, or in the job's own code."""
+    return (innermost_call(frames) or place_outside(frames)) if frames else None
 
 
 def _recorded_frames(path: Path) -> list[dict] | None:

@@ -8,6 +8,7 @@ stored path also writes the ``findings`` table, so SQL, the timeline and the rep
 from __future__ import annotations
 
 import json
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,12 +110,13 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     # are all there is, and show how far it got
     dumped = [rank for rank in stored.dumped if rank not in dead or not live]
     clock_error_ns = max(clock_error_ns, stored.clock_error_ns)
+    places = functools.cache(lambda: current_places(database, run_id))
     result = diagnose(stored.entries, listed=stored.listed, dumped=dumped, clock_error_ns=clock_error_ns,
-                      places=lambda: current_places(database, run_id))
+                      places=places)
     _name_the_dead(result, dead, endings)
     _name_the_departed(result, endings)
     if not result.findings and endings is not None and not all(end.how == "goodbye" for end in endings.ends):
-        result.findings[:] = blocked_transfer_findings(current_places(database, run_id))  # gloo's transfers
+        result.findings[:] = blocked_transfer_findings(places())  # gloo's transfers
     _cap(result, mismatch_cap)
     for finding in result.findings:
         if finding.culprit_ranks and finding.group is not None:

@@ -123,6 +123,11 @@ class GroupSequences:
         keep = ~np.isin(self._rank, list(exclude)) if exclude else slice(None)
         return set(np.unique(self._op[keep]).tolist())
 
+    def predicted_before(self, seq: int, *, at: int | None = None) -> int | None:
+        """What the group's agreed calls before ``seq`` predict at ``at`` (``seq`` by default)."""
+        history = {number: value for number, value in self.consensus().items() if number < seq}
+        return self.predicted(history, seq if at is None else at)
+
     def predicted(self, consensus: dict[int, int], seq: int) -> int | None:
         """What the group issued at ``seq``, or, past its calls, what its period predicts."""
         if seq in consensus:
