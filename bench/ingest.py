@@ -18,8 +18,9 @@ Prints, for this machine, measured in one run:
    could reach sharing the cores with perfect overlap.
 
 Usage: python bench/ingest.py [--producers 2] [--seconds 60] [--rate 1200000] [--quick]
-Targets (issue 2): >= 1,000,000 events/s end to end, <= 1 us/event on the calling thread,
-p99 freshness <= 2 s.
+Targets (issues 2 and 28): >= 1,000,000 events/s offered end to end with 0 lost and p99
+freshness <= 2 s (or, failing that, end to end within 1.25x of the slowest part alone), and
+<= 1 us/event on the calling thread.
 """
 
 from __future__ import annotations
@@ -353,6 +354,13 @@ def main() -> None:
         print(f"  freshness emit -> sql            p50 {e2e['freshness_p50_s']:.3f} s, p99 "
               f"{e2e['freshness_p99_s']:.3f} s over {e2e['freshness_samples']} probes (target p99 <= 2 s)")
     print("  peak RSS (MB)                    " + ", ".join(f"{k} {v:.0f}" for k, v in e2e["peak_rss_mb"].items()))
+    offered = e2e["emitted"] / args.seconds
+    never_stored = e2e["emitted"] - e2e["stored"]
+    p99 = e2e["freshness_p99_s"]
+    met = offered >= 0.999 * 1e6 and never_stored == 0 and p99 is not None and p99 <= 2.0
+    print(f"  target: >= 1M events/s offered, 0 lost, p99 <= 2 s: {'MET' if met else 'NOT MET'} "
+          f"({offered:,.0f} offered, {never_stored:,} never stored, p99 "
+          + (f"{p99:.3f} s)" if p99 is not None else "not measured)"))
     print(f"each part alone ({drain['events']:,}-event backlog, process startup included):")
     print(f"  producers + broker (fill)        {drain['fill_events_per_s']:12,.0f} events/s in "
           f"{drain['fill_seconds']:.1f} s; {drain['fill_events_per_s_past_startup']:,.0f} from first emit to close")
@@ -363,7 +371,7 @@ def main() -> None:
     slowest = min(drain["fill_events_per_s_past_startup"], drain["events_per_s_past_startup"])
     e2e_rate = max(e2e["sustained_events_per_s"], 1)
     print(f"  slowest part / end to end        {slowest / e2e_rate:8.2f}x "
-          "(target <= 1.25x when 1M/s end to end is out of reach)")
+          "(the fallback, judged only when the target above is not met: <= 1.25x)")
     cores = os.cpu_count() or 1
     ceiling = shared_core_ceiling(drain, cores)
     reachable = min(slowest, ceiling)
@@ -371,13 +379,12 @@ def main() -> None:
           f"materializer + broker draining {drain['drain_cpu_us_per_event']:.2f} us")
     print(f"  shared-core ceiling ({cores} cores)   {ceiling:12,.0f} events/s if the parts overlapped perfectly")
     print(f"  best slowest / end to end        {slowest / reachable:8.2f}x "
-          + ("(above 1.25x: the target cannot be met on these cores)" if slowest / reachable > 1.25
-             else "(the target is reachable in principle)")
+          + ("(above 1.25x: the fallback cannot be met on these cores)" if slowest / reachable > 1.25
+             else "(the fallback is reachable in principle)")
           + f"; end to end reached {e2e_rate / reachable:.2f} of the reachable rate")
     print(f"  end to end spent                 {e2e['cpu_us_per_stored_event']:8.2f} us of CPU per stored event "
           "(emitting the events dropped at the caps included)")
     # At 1M/s offered, emitting every event (stored or dropped) takes its share of the cores first.
-    offered = e2e["emitted"] / args.seconds
     emit_us = hot["rankstream"] / 1000
     left = cores - offered * emit_us / 1e6
     per_stored = drain["fill_cpu_us_per_event"] - emit_us + drain["drain_cpu_us_per_event"]

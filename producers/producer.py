@@ -3,9 +3,9 @@
 Guarantees, each tested:
 
 * constructing a Producer opens no connection and starts one daemon thread;
-* ``emit`` and the other ``emit_*`` calls only append to an in-memory queue (a ``deque``, whose
-  ``append`` is atomic under the GIL, so the training thread takes no lock) and return in well
-  under a microsecond; they never raise and never block;
+* ``emit`` and the other ``emit_*`` calls only append to an in-memory queue (one ``list.extend``
+  or ``deque.append``, atomic under the GIL, so the training thread takes no lock) and return in
+  well under a microsecond; they never raise and never block;
 * the queue is bounded (``max_buffered_events``); events beyond it are dropped and counted;
 * everything else (cutting batches of ``batch_events`` or every ``flush_interval_s``, encoding,
   sending, spooling, heartbeats) happens on the sender thread;
@@ -13,8 +13,8 @@ Guarantees, each tested:
 * ``close()`` delivers what is buffered within ``close_timeout_s`` and then returns, whatever the
   broker does.
 
-One row tuple per event is cheaper on the training thread than appending to eleven column
-lists; the sender thread turns rows into columns (``TraceBatch.from_rows``).
+Extending one flat list by a row tuple per event is cheaper on the training thread than appending
+to eleven column lists; the sender thread slices it into columns (``producers.row_queue``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from rankstream.schemas.config import Config, ProducerSettings
 from rankstream.schemas.settings import load_config
 from rankstream.producers.delivery import Delivery
+from rankstream.producers.row_queue import RowQueue
 from rankstream.producers.sender import SenderLoop
 from rankstream.producers.spool import Spool
 from rankstream.producers.stored_feed import StoredFeed
@@ -109,7 +110,8 @@ class Producer(SenderLoop):
             return
         self._config = config or load_config()
         settings = self._config.producer
-        self._rows: collections.deque[tuple] = collections.deque()
+        self._rows = RowQueue(settings.max_buffered_events)
+        self._row_items, self._row_items_limit = self._rows.items, self._rows.limit
         self._max_rows = settings.max_buffered_events
         self._dropped_on_emit = 0
         self._windows_lost = 0
@@ -177,9 +179,9 @@ class Producer(SenderLoop):
                 args = (*args, *args.values())
             except Exception:
                 pass  # not a mapping: the encoder names what it cannot take
-        rows = self._rows
-        if len(rows) < self._max_rows:
-            rows.append((name, cat, ph, ts_ns, dur_ns, pid, tid, step, flow_id, correlation_id, args))
+        items = self._row_items
+        if len(items) < self._row_items_limit:
+            items.extend((name, cat, ph, ts_ns, dur_ns, pid, tid, step, flow_id, correlation_id, args))
         else:
             self._dropped_on_emit += 1
 

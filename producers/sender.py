@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any
 
+from rankstream.producers.row_queue import rows_of
 from rankstream.producers.spool import SpooledMessage
 from rankstream.schemas.codec import MAX_MESSAGE_BYTES, encode_wire
 from rankstream.schemas.envelope import PayloadKind
@@ -59,8 +60,7 @@ class SenderLoop:
                     self._stopping.wait(settings.flush_interval_s / _TICKS_PER_FLUSH)
             self._shutdown()
         except Exception as exc:  # never let the sender thread die silently
-            self._delivery.count_dropped(len(self._rows))
-            self._rows.clear()
+            self._delivery.count_dropped(self._rows.clear())
             print(f"rankstream: producer sender thread stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             self._flushed.set()
@@ -85,46 +85,48 @@ class SenderLoop:
         self._transport.close()
 
     def _cut_trace_batches(self, whole: bool) -> None:
-        """Pop full batches (and, if ``whole``, the remainder) and encode them: only the rows
+        """Take full batches (and, if ``whole``, the remainder) and encode them: only the rows
         queued when it starts, so a training thread that keeps the queue full cannot keep the
         sender here and away from pumping the delivery (retries, the resend window's cap)."""
         size = self._config.producer.batch_events
-        rows_queue = self._rows
-        backlog = len(rows_queue)
-        while backlog > 0 and (len(rows_queue) >= size or (whole and rows_queue)):
-            count = min(size, len(rows_queue))
-            backlog -= count
-            rows = [rows_queue.popleft() for _ in range(count)]
-            self._emitted += count
+        queued = len(self._rows)
+        count = queued if whole else queued - queued % size
+        if count == 0:
+            return
+        columns = self._rows.take(count)
+        self._emitted += count
+        for start in range(0, count, size):
+            part = {name: column[start:start + size] for name, column in columns.items()}
             if self._delivery.refusing():
-                self._delivery.count_dropped(count)
+                self._delivery.count_dropped(len(part["ph"]))
             else:
-                self._send_trace_rows(rows)
+                self._send_trace_columns(part)
 
-    def _send_trace_rows(self, rows: list[tuple]) -> None:
+    def _send_trace_columns(self, columns: dict[str, list]) -> None:
+        count = len(columns["ph"])
         try:
-            batch = TraceBatch.from_rows(rows)
+            batch = TraceBatch.from_columns(columns)
             batch.check_values()
         except (ValueError, PayloadError):  # some events hold values their columns cannot: drop just those
-            rows = self._drop_invalid(rows)
+            rows = self._drop_invalid(rows_of(columns))
             if not rows:
                 return
             batch = TraceBatch.from_rows(rows)
         except Exception as exc:  # anything else the encoder meets costs this batch, never the thread
-            self._delivery.count_dropped(len(rows))
-            self._delivery.note_error(f"a batch of {len(rows)} events dropped: {type(exc).__name__}: {exc}")
+            self._delivery.count_dropped(count)
+            self._delivery.note_error(f"a batch of {count} events dropped: {type(exc).__name__}: {exc}")
             return
         try:
-            self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), len(rows))
+            self._submit(PayloadKind.TRACE_BATCH, batch.to_wire(), batch.count)
         except _TooLarge:
-            if len(rows) == 1:
+            if count == 1:
                 self._delivery.count_dropped(1)
                 return
-            half = len(rows) // 2
-            self._send_trace_rows(rows[:half])
-            self._send_trace_rows(rows[half:])
+            half = count // 2
+            self._send_trace_columns({name: column[:half] for name, column in columns.items()})
+            self._send_trace_columns({name: column[half:] for name, column in columns.items()})
         except Exception:  # a value the encoder cannot take: drop this batch, keep going
-            self._delivery.count_dropped(len(rows))
+            self._delivery.count_dropped(count)
 
     def _drop_invalid(self, rows: list[tuple]) -> list[tuple]:
         """The rows that fit their columns; the others are counted as dropped, the first one's

@@ -64,7 +64,10 @@ _BIG_ENDIAN = sys.byteorder == "big"
 def _dictionary_encode(values: Sequence[Any]) -> tuple[list[str], bytes]:
     try:
         index = {v: i for i, v in enumerate(dict.fromkeys(values))}
-        codes = array("I", map(index.__getitem__, values))
+        if len(index) == 1:  # one value (ph, often cat): every code is 0
+            codes = array("I", bytes(4 * len(values)))
+        else:  # an itemgetter of every value looks them all up in one C call
+            codes = array("I", operator.itemgetter(*values)(index) if len(values) > 1 else [index[values[0]]])
     except TypeError:  # an unhashable value: fall back to its text
         texts = [v if type(v) is str else str(v) for v in values]
         index = {v: i for i, v in enumerate(dict.fromkeys(texts))}
@@ -75,14 +78,16 @@ def _dictionary_encode(values: Sequence[Any]) -> tuple[list[str], bytes]:
 
 
 def _int_column(values: Sequence[Any], name: str) -> bytes:
-    nulls = values.count(None)
-    if nulls == len(values):  # a column nobody filled: common for flow ids
-        column = array("q", [NULL_INT]) * len(values)
-    else:
-        try:  # a column with some NULLs (correlation ids of ops, none on spans) stays in C too
-            column = array("q", [NULL_INT if v is None else v for v in values] if nulls else values)
-        except (TypeError, OverflowError):
-            column = array("q", [_to_int(v, name) for v in values])
+    try:  # the common case, a column of integers, converts in one C call
+        column = array("q", values)
+    except (TypeError, OverflowError):
+        if values.count(None) == len(values):  # a column nobody filled: common for flow ids
+            column = array("q", [NULL_INT]) * len(values)
+        else:
+            try:  # a column with some NULLs (correlation ids of ops, none on spans) stays in C too
+                column = array("q", [NULL_INT if v is None else v for v in values])
+            except (TypeError, OverflowError):
+                column = array("q", [_to_int(v, name) for v in values])
     if _BIG_ENDIAN:
         column.byteswap()
     return column.tobytes()
