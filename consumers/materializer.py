@@ -234,21 +234,22 @@ class Materializer:
         return False
 
     def _gather(self, committer: _Committer) -> list[Record]:
-        """The records of the next transaction: one poll, and more until the committer has taken
-        the batch handed over before (what is read meanwhile is committed next, never left
-        waiting behind a commit), and, when records arrive fast, until they fill
-        ``_TARGET_TRACE_BYTES`` or ``_HOLD_S`` passes.
-        A slow stream is handed over at once: holding it would only delay it."""
+        """The records of the next transaction, at most ``max_records``: one poll, and more until
+        the committer has taken the batch handed over before (what is read meanwhile is committed
+        next, never left waiting behind a commit), and, when records arrive fast, until they fill
+        ``_TARGET_TRACE_BYTES`` or ``_HOLD_S`` passes. A slow stream is handed over at once:
+        holding it would only delay it."""
         records = self.source.poll(0.2, self.max_records)
         trace_bytes = self._trace_bytes(records)
         hold_until = time.monotonic() + _HOLD_S
-        while len(records) < 4 * self.max_records:
+        while len(records) < self.max_records:
             left = hold_until - time.monotonic()
             filling = _TARGET_TRACE_BYTES // 8 <= trace_bytes < _TARGET_TRACE_BYTES and left > 0
             waiting = not committer.idle()
             if not (filling or waiting):
                 break
-            more = self.source.poll(min(left, 0.02) if filling and not waiting else 0.02, self.max_records)
+            more = self.source.poll(min(left, 0.02) if filling and not waiting else 0.02,
+                                    self.max_records - len(records))
             if not more:  # a source may answer at once with nothing: do not spin
                 time.sleep(0.005)
             records += more

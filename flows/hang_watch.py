@@ -30,7 +30,8 @@ import duckdb
 from rankstream.consumers.query import Database
 from rankstream.consumers.store import transaction
 from rankstream.flows.diagnosis.findings import WAIT_KINDS, Finding
-from rankstream.flows.diagnosis.published_stacks import STACK_SQL
+from rankstream.flows.diagnosis.blocked_transfers import blocked_transfer_findings
+from rankstream.flows.diagnosis.published_stacks import STACK_SQL, current_places, stacks_published_ns
 from rankstream.flows.diagnosis.report import diagnose_stored
 from rankstream.flows.diagnosis.ring_progress import ring_progress
 
@@ -43,14 +44,15 @@ TAIL_RECORDS = 400
 
 #: Runs still going, or that ended without every rank saying goodbye (a rank killed, its peers
 #: failing at once), or that ended cleanly in the last ``$grace`` ns (their last entries may still be
-#: arriving), with each rank's last heartbeat and when its collectives' progress last changed.
+#: arriving), with each rank's last heartbeat and when its progress last changed: its collectives,
+#: or its count of transfers (gloo records none in the Flight Recorder, ``producers.transfer_count``).
 ACTIVE_RUNS_SQL = """
 WITH recent AS (
-    SELECT run_id, rank, sent_ns, final, coalesce(collectives, '') AS collectives FROM heartbeats
+    SELECT run_id, rank, sent_ns, final,
+           coalesce(collectives, '') || '|' || coalesce(transfers, 0)::VARCHAR AS progress FROM heartbeats
     WHERE sent_ns > $now - $window
 ), changes AS (
-    SELECT *, collectives IS DISTINCT FROM lag(collectives) OVER (PARTITION BY run_id, rank ORDER BY sent_ns)
-              AS changed
+    SELECT *, progress IS DISTINCT FROM lag(progress) OVER (PARTITION BY run_id, rank ORDER BY sent_ns) AS changed
     FROM recent
 ), ranks AS (
     SELECT run_id, rank, max(sent_ns) AS last_ns, bool_or(final) AS final,
@@ -99,8 +101,13 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
         moving = not dead and not ended and all(moved[r] >= now_ns - stall_s * 1e9 for r in ranks)
         if moving and last_judged is not None and now_ns - last_judged.get(run_id, 0) < moving_every_s * 1e9:
             continue
+        living = set(ranks) - dead - over
+        stalled = not ended and all(moved[r] < now_ns - stall_s * 1e9 for r in living)
         has_entries = con.execute("SELECT count(*) > 0 FROM fr_entries WHERE run_id = ?", [run_id]).fetchall()[0][0]
-        if not has_entries:
+        if not has_entries:  # a pipeline of transfers alone leaves none
+            if stalled:
+                judged.add(run_id)
+                found += [(run_id, f) for f in _transfer_hang(database, run_id, living, now_ns, stall_s)]
             continue
         recently_stopped = {r for r in ranks if r not in dead
                             and now_ns - 3 * stall_s * 1e9 <= moved[r] < now_ns - stall_s * 1e9}
@@ -115,7 +122,10 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
         except Exception as exc:  # one run's data must not stop the watch over the others: counted
             failures.append(f"{run_id}: {type(exc).__name__}: {exc}"[:300])
             continue
-        for finding in report.findings:
+        findings = report.findings
+        if stalled and not any(finding.kind in WAIT_KINDS for finding in findings):
+            findings = findings + _transfer_hang(database, run_id, living, now_ns, stall_s)
+        for finding in findings:
             if ended and (finding.in_flight or finding.kind in WAIT_KINDS):
                 continue  # every rank said goodbye: nobody waits any more
             involved = set(finding.culprit_ranks) | set(finding.waiting_ranks)
@@ -128,6 +138,17 @@ def watch_pass(con: duckdb.DuckDBPyConnection, *, now_ns: int | None = None, sta
     if failures:
         raise WatchFailed(judged, found, failures)
     return judged, found
+
+
+def _transfer_hang(database, run_id: str, living: set[int], now_ns: int, stall_s: float) -> list[Finding]:
+    """A hang of transfers alone, read from the ranks' stacks (``blocked_transfer_findings``) once
+    no rank moved for ``stall_s``, and no rank's stack either: the tap publishes it again whenever
+    the rank's place changes, so a pipeline whose transfers nothing counted (a ``send`` imported by
+    name before the count was installed) still shows it moving."""
+    published = stacks_published_ns(database, run_id)
+    if any(published.get(rank, 0) >= now_ns - stall_s * 1e9 for rank in living):
+        return []
+    return blocked_transfer_findings(current_places(database, run_id))
 
 
 class WatchFailed(Exception):

@@ -24,11 +24,12 @@ nearly free (docs/benchmarks.md has the figures). So every ``interval_s`` the ta
    and its spool full), it takes no full dumps, and the next one after that publishes what the ring
    still holds;
 4. when a collective looks stuck, also publishes the training thread's live Python stack
-   (``sys._current_frames``, which never blocks) as a ``stalled_in_collective`` event; when none
-   of its groups has moved for a few ticks (a rank stuck outside collectives, the one its peers
-   wait for), as an ``idle_outside_collectives`` event, and again each time the stack moves while
-   no group does (gloo's send/recv move no group: a rank that went from its data loader into a
-   blocking receive would otherwise stay, by its one stack, at the loader).
+   (``sys._current_frames``, which never blocks) as a ``stalled_in_collective`` event; when
+   neither its groups nor its count of transfers (``producers.transfer_count``) moved for a few
+   ticks (a rank stuck outside collectives, the one its peers wait for, or a pipeline stage), as
+   an ``idle_outside_collectives`` event, and again each time the stack moves while nothing else
+   does (gloo's send/recv move no group: a rank that went from its data loader into a blocking
+   receive would otherwise stay, by its one stack, at the loader).
 
 Stack frames per entry come from the final snapshot (shutdown, uncaught exception, SIGTERM/SIGINT),
 fetched on a helper thread with a timeout: during a hung gloo collective that dump blocks until the
@@ -81,6 +82,17 @@ def _call_with_timeout(call: Callable[[], bytes], timeout_s: float) -> bytes | N
     return result[0] if result else None
 
 
+def _group_exists() -> bool:
+    """Whether the job's process group is up: a rank that has not communicated yet may already
+    be the one its peers wait for (a stage stalled before its first send)."""
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except Exception:  # no torch here: no group
+        return False
+
+
 def _pending(status: dict[str, dict[str, int]]) -> set[str]:
     return {group for group, s in status.items()
             if s.get("last_enqueued", -1) > s.get("last_completed", s.get("last_enqueued", -1))}
@@ -122,6 +134,7 @@ class FlightRecorderTap:
         self._budget_at = time.monotonic()
         self._stall_reported: dict[str, int] = {}
         self._idle_ticks = 0
+        self._transfers_at_last_tick = 0
         self._idle_where: tuple | None = None  # the stack last published as idle, as code and line per frame
         self._exiting = False  # set by the exit paths' reads: the training thread's stack is no longer its own
         self._lock = threading.Lock()
@@ -171,7 +184,11 @@ class FlightRecorderTap:
         if status:
             self._producer.set_collectives(status)
         stuck = _pending(status) & _pending(previous) if status == previous else set()
-        self._idle_ticks = self._idle_ticks + 1 if status and status == previous else 0
+        # gloo's transfers move no group: their count tells a pipeline that moves from one that waits
+        transfers = self._producer.transfers
+        still = status == previous and transfers == self._transfers_at_last_tick
+        self._transfers_at_last_tick = transfers
+        self._idle_ticks = self._idle_ticks + 1 if still and (status or transfers or _group_exists()) else 0
         if not self._idle_ticks:
             self._idle_where = None
         published = 0
@@ -271,7 +288,9 @@ class FlightRecorderTap:
         return tuple(where)
 
     def _report_stack(self, name: str, args: dict) -> None:
-        """Publish the training thread's live Python stack (innermost frame first)."""
+        """Publish the training thread's live Python stack (innermost frame first), with the
+        job's count of transfers then: the stack is current while the count stays."""
         frames = frame_records(sys._current_frames().get(self._main_thread))
         self._producer.emit(name, "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=0, tid=0, step=None,
-                            flow_id=None, correlation_id=None, args={**args, "frames": frames})
+                            flow_id=None, correlation_id=None,
+                            args={**args, "transfers": self._transfers_at_last_tick, "frames": frames})

@@ -74,6 +74,8 @@ class ProducerStats:
     #: and profiler windows lost (dropped while the converter was behind, or failed).
     send_failures: int = 0
     windows_lost: int = 0
+    #: Point-to-point calls the job returned from (``producers.transfer_count``).
+    transfers: int = 0
 
 
 _EMIT_CALLS = ("emit", "emit_batch", "offer_batch", "emit_fr_entries", "emit_process_groups", "emit_rank_metadata",
@@ -105,7 +107,7 @@ class Producer(SenderLoop):
         self.session_id = session_id or uuid.uuid4().hex[:16]
         self._emitted = 0
         if not enabled:
-            for name in _EMIT_CALLS + ("flush", "close", "follow"):
+            for name in _EMIT_CALLS + ("flush", "close", "follow", "count_transfer"):
                 setattr(self, name, _noop)
             return
         self._config = config or load_config()
@@ -115,6 +117,7 @@ class Producer(SenderLoop):
         self._max_rows = settings.max_buffered_events
         self._dropped_on_emit = 0
         self._windows_lost = 0
+        self._transfers = 0
         #: Set by the sender thread while ``refusing``: ``emit`` and ``offer_batch`` then count the
         #: event as emitted and dropped and return at once, instead of queueing what the sender
         #: would drop (a whole run with the broker down cost the training thread ~1 us per event).
@@ -228,6 +231,16 @@ class Producer(SenderLoop):
         self._collectives = dict(status)
         self._collectives_read_ns = time.time_ns() if read_ns is None else read_ns
 
+    @property
+    def transfers(self) -> int:
+        """Point-to-point calls of the job that returned so far (``count_transfer``)."""
+        return self._transfers if self.enabled else 0
+
+    def count_transfer(self) -> None:
+        """One point-to-point call of the job returned (``producers.transfer_count``): carried by
+        the heartbeats, the sign that a pipeline moving only by transfers is moving."""
+        self._transfers += 1
+
     def count_lost_window(self, reason: str) -> None:
         """A profiler window was lost (its events never reached the producer): counted in the
         heartbeats, so ``status`` shows it, and kept as the last error. Never raises."""
@@ -275,6 +288,7 @@ class Producer(SenderLoop):
             events_not_resent=counters.events_not_resent,
             send_failures=counters.send_failures,
             windows_lost=self._windows_lost,
+            transfers=self._transfers,
         )
 
     def _batches_waiting(self) -> int:

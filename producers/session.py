@@ -27,6 +27,7 @@ from rankstream.producers.producer import Producer
 from rankstream.producers.profiler import ProfilerStream
 from rankstream.producers.requests import RequestListener
 from rankstream.producers.signal_watch import SignalWatch
+from rankstream.producers.transfer_count import install as install_transfer_count
 
 __all__ = ["RankSession", "resolve_identity"]
 
@@ -145,6 +146,8 @@ class RankSession:
                                      groups=process_groups_now) if fr_tap else None
         if self.tap:
             self.tap.start()
+        #: gloo records no transfer in the Flight Recorder: the heartbeats count them instead.
+        self._uncount_transfers = install_transfer_count(self.producer.count_transfer) if fr_tap else None
         self._groups_sent = False
         self._clock_interval = clock_sync_interval_s
         self._clock_timeout = clock_sync_timeout_s
@@ -220,6 +223,8 @@ class RankSession:
             self._clock_thread.join(min(self._clock_timeout, CLOCK_ROUND_GRACE_S))
         if self.tap:
             self.tap.stop(final_snapshot=True)
+        if self._uncount_transfers is not None:
+            self._uncount_transfers()
         self.windows.close()
         for stream in self._profiler_streams:
             stream.flush(timeout_s=10)

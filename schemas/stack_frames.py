@@ -17,7 +17,7 @@ from __future__ import annotations
 import dis
 from types import FrameType
 
-__all__ = ["C10D_MODULE", "PEER_ARGUMENTS", "frame_records"]
+__all__ = ["C10D_MODULE", "PEER_ARGUMENTS", "WRAPPER_FUNCTION", "frame_records"]
 
 #: The module of torch's collective and point-to-point functions (its wrappers live beside it).
 C10D_MODULE = "torch/distributed/distributed_c10d.py"
@@ -25,6 +25,10 @@ C10D_MODULE = "torch/distributed/distributed_c10d.py"
 PEER_ARGUMENTS = ("src", "dst", "group_src", "group_dst")
 #: The frames kept, innermost first.
 MAX_FRAMES = 40
+#: The function rankstream wraps the job's ``torch.distributed`` transfers in, to count them
+#: (``producers.transfer_count``). Its frames are left out of every stack read, so the frame that
+#: called the transfer is the job's own, as without the wrapper.
+WRAPPER_FUNCTION = "_rankstream_counted_transfer"
 
 
 def frame_records(frame: FrameType | None) -> list[dict]:
@@ -32,6 +36,9 @@ def frame_records(frame: FrameType | None) -> list[dict]:
     records = []
     while frame is not None and len(records) < MAX_FRAMES:
         code = frame.f_code
+        if code.co_name == WRAPPER_FUNCTION:
+            frame = frame.f_back
+            continue
         record = {"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno}
         if code.co_filename.replace("\\", "/").endswith(C10D_MODULE):
             args = {name: value for name in PEER_ARGUMENTS

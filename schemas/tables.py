@@ -78,7 +78,7 @@ _COUNTERS = ("events_emitted", "events_sent", "events_spooled", "events_dropped"
              "spool_bytes")
 #: Every producer counter a heartbeat carries (the stats ``Producer.stats`` gives), the later ones optional.
 HEARTBEAT_COUNTERS = _COUNTERS + ("broker_resets", "events_resent", "events_not_resent", "send_failures",
-                                  "windows_lost")
+                                  "windows_lost", "transfers")
 HEARTBEATS = Table("heartbeats", "One row per producer heartbeat (about one per second per rank), with its counters.", (
     _RUN, _RANK,
     C("session_id", "VARCHAR", not_null=True), C("sent_ns", "BIGINT", not_null=True),
@@ -94,6 +94,8 @@ HEARTBEATS = Table("heartbeats", "One row per producer heartbeat (about one per 
       wire="optional"),
     C("windows_lost", "BIGINT", "profiler windows lost: dropped while the converter was behind, or failed",
       wire="optional"),
+    C("transfers", "BIGINT", "point-to-point calls (send, recv, isend, irecv) the job returned from: gloo records "
+      "none in the Flight Recorder", wire="optional"),
 ))
 
 RANK_METADATA = Table("rank_metadata", "Every rank-metadata message (a rank sends it again with each clock-sync sample).", (

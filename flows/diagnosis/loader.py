@@ -26,6 +26,7 @@ from rankstream.flows.diagnosis.published_stacks import (BlockedCall, OutsideCom
 from rankstream.producers.fr_reader import groups_from_pg_config, list_fr_files, parse_dump
 from rankstream.producers.importing import check_input_file, paused_gc
 from rankstream.schemas.errors import BadInput
+from rankstream.schemas.stack_frames import WRAPPER_FUNCTION
 
 __all__ = ["LoadedDumps", "load_directory", "stack_at", "inside_for", "stack_file_places", "fatal_reports"]
 
@@ -278,6 +279,6 @@ def _thread_stacks(text: str) -> list[list[dict]]:
         if "(most recent call first)" in line:
             current = []
             stacks.append(current)
-        elif current is not None and (frame := _FRAME.match(line)):
+        elif current is not None and (frame := _FRAME.match(line)) and frame["name"] != WRAPPER_FUNCTION:
             current.append({"filename": frame["filename"], "line": int(frame["line"]), "name": frame["name"]})
     return stacks

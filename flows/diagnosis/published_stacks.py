@@ -12,8 +12,8 @@ broadcast whose ranks disagreed on its source) looks like one that never issued 
 its stack shows it inside (probe 10 e05).
 
 A stack counts only while it is current: the rank's last heartbeat must report the same calls
-enqueued in each group as when the stack was taken (a rank that issued a call since says nothing
-by it). A call that completed since does not count: a rank torn down from a hang reports its
+enqueued in each group, and the same count of transfers, as when the stack was taken (a rank that
+issued a call since says nothing by it). A call that completed since does not count: a rank torn down from a hang reports its
 blocked call completed (with an error) on its way out.
 """
 
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from rankstream.schemas.stack_frames import C10D_MODULE
 
-__all__ = ["STACK_SQL", "BlockedCall", "OutsideCommunication", "current_places", "innermost_call", "place_outside"]
+__all__ = ["STACK_SQL", "BlockedCall", "OutsideCommunication", "current_places", "innermost_call", "place_outside",
+           "stacks_published_ns"]
 
 #: The tap's events that carry a rank's stack.
 _STACK_EVENTS = "cat = 'rankstream' AND name IN ('idle_outside_collectives', 'stalled_in_collective')"
@@ -34,6 +35,9 @@ STACK_SQL = f"""
 SELECT args FROM trace_events WHERE run_id = $run AND rank = $rank AND {_STACK_EVENTS} ORDER BY ts_ns DESC LIMIT 1
 """
 
+#: When each rank last published a stack.
+_PUBLISHED_SQL = f"SELECT rank, max(ts_ns) FROM trace_events WHERE run_id = $run AND {_STACK_EVENTS} GROUP BY rank"
+
 #: Per rank, the newest published stack (and why the tap took it) and the groups' progress on its
 #: newest heartbeat.
 _CURRENT_SQL = f"""
@@ -41,10 +45,12 @@ WITH stacks AS (
     SELECT rank, arg_max(args, ts_ns) AS args, arg_max(name, ts_ns) AS name FROM trace_events
     WHERE run_id = $run AND {_STACK_EVENTS} GROUP BY rank
 ), claims AS (
-    SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives
+    SELECT rank, arg_max(collectives, sent_ns) FILTER (WHERE collectives IS NOT NULL) AS collectives,
+           arg_max(transfers, sent_ns) AS transfers, count(*) AS heartbeats
     FROM heartbeats WHERE run_id = $run GROUP BY rank
 )
-SELECT rank, stacks.name, stacks.args::VARCHAR, claims.collectives::VARCHAR FROM stacks LEFT JOIN claims USING (rank)
+SELECT rank, stacks.name, stacks.args::VARCHAR, claims.collectives::VARCHAR, claims.transfers, claims.heartbeats
+FROM stacks LEFT JOIN claims USING (rank)
 """
 
 #: ``torch.distributed`` functions that block on one peer and leave no Flight Recorder entry with
@@ -155,16 +161,25 @@ def _enqueued(groups) -> dict | None:
     return {group: state.get("last_enqueued") if isinstance(state, dict) else None for group, state in groups.items()}
 
 
+def stacks_published_ns(database, run_id: str) -> dict[int, int]:
+    """rank -> when it last published a stack (its tap's clock, ns)."""
+    return dict(database.fetchall(_PUBLISHED_SQL, {"run": run_id}))
+
+
 def current_places(database, run_id: str) -> dict[int, BlockedCall | OutsideCommunication]:
     """rank -> where its current stack shows it: blocked in a ``torch.distributed`` call, or
     outside communication."""
     found = {}
-    for rank, reason, args, claims in database.fetchall(_CURRENT_SQL, {"run": run_id}):
+    for rank, reason, args, claims, transfers, heartbeats in database.fetchall(_CURRENT_SQL, {"run": run_id}):
         try:
             published = json.loads(args or "{}")
-            current = claims is not None and _enqueued(json.loads(claims)) == _enqueued(published.get("groups"))
+            # a rank whose ring never reported a group (transfers alone) claims none in its heartbeats
+            current = bool(heartbeats) and (_enqueued(json.loads(claims) if claims else {})
+                                            == _enqueued(published.get("groups") or {}))
         except ValueError:  # a malformed event says nothing
             continue
+        if published.get("transfers") not in (None, transfers):  # a transfer returned since
+            current = False
         frames = published.get("frames") or [] if current else []
         place = innermost_call(frames)
         if place is None and reason == "idle_outside_collectives":  # the tap saw no collective pending

@@ -104,6 +104,11 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
             result = Diagnosis([], [], len(endings.ends), sorted(endings.dead))
             _name_the_dead(result, dead, endings)
             return Report(run_id, result, {"read": time.perf_counter() - started, "diagnose": 0.0})
+        if endings and not all(end.how == "goodbye" for end in endings.ends):  # a pipeline of transfers alone
+            transfers = blocked_transfer_findings(current_places(database, run_id))
+            if transfers:
+                result = Diagnosis(transfers, sorted(end.rank for end in endings.ends), len(endings.ends), [])
+                return Report(run_id, result, {"read": time.perf_counter() - started, "diagnose": 0.0})
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()
     # live, a dead rank's entries stop at its last snapshot, read as no dump; after the run they

@@ -145,6 +145,38 @@ def test_a_job_that_issues_no_collective_still_gets_its_step_times_and_report(ma
     assert "  report " in result.stdout, result.stdout
 
 
+def test_a_pipeline_of_transfers_alone_that_hangs_is_named_live_and_killed(make_config):
+    """gloo records no send or recv in the Flight Recorder: a pipeline whose stage 0 stalled went
+    unnoticed live (nothing moved in any group, healthy or not) and ran into gloo's timeout. The
+    heartbeats' count of transfers and the stages' stacks name the stage that stopped."""
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--kill-after", "8", "--no-profile",
+               "--", "timeout", "250", *torchrun("pipeline.py", "--steps", "400", "--stall-rank", "0",
+                                                 "--stall-step", "20", "--timeout-s", "300")]
+    started = time.monotonic()
+    result = subprocess.run(command, env={**os.environ, **config_env(config)}, capture_output=True, text=True,
+                            timeout=280)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "--on-hang kill" in output, output
+    assert time.monotonic() - started < 200, output  # ended by run, not by gloo's 300 s timeout
+    named = "rank 0 never posted its send to rank 1 (stalled at pipeline.py:"
+    assert f"P2P_UNMATCHED: {named}" in result.stdout, output  # live
+    assert f"rankstream: HANG: root cause: {named}" in result.stdout, output  # and after the job
+
+
+def test_a_pipeline_of_transfers_alone_that_moves_is_left_alone(make_config):
+    """Its stages spend most of their time blocked in ``recv``, and no group ever moves: only the
+    count of transfers says it moves."""
+    config = make_config(broker_port=free_port(), partitions=2)
+    command = [sys.executable, "-m", "rankstream", "run", "--on-hang", "kill", "--kill-after", "8", "--no-profile",
+               "--", *torchrun("pipeline.py", "--steps", "40", "--work-ms", "300")]
+    result = subprocess.run(command, env={**os.environ, **config_env(config)}, capture_output=True, text=True,
+                            timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "DONE rank 1" in output, output
+    assert "P2P_UNMATCHED" not in output and "--on-hang" not in output, output
+
+
 def test_a_run_name_given_twice_is_warned_about(make_config):
     """``--run NAME`` twice puts two launches in one run: the second one's findings and steps mix
     with the first's (a live probe saw the first launch's deadlock printed during the second)."""

@@ -77,6 +77,7 @@ class Recorder:
     def __init__(self):
         self.fr, self.groups, self.status, self.events = [], [], None, []
         self.refusing = False  # a producer whose spool is full during an outage says True
+        self.transfers = 0  # the job's point-to-point calls so far
 
     def emit_fr_entries(self, entries, snapshot_ns=None):
         self.fr.append(list(entries))
@@ -328,3 +329,21 @@ def test_groups_created_after_the_first_report_reach_the_bus_when_the_dump_lists
     ring.enqueued = ring.completed = 2
     tap.snapshot()
     assert [[g["pg_name"] for g in groups] for groups in recorder.groups] == [["0"], ["0", "1"]]
+
+
+def test_a_rank_whose_transfers_stopped_publishes_its_stack_though_no_group_exists_in_the_ring():
+    """A pipeline of send/recv alone: gloo's ring reports no group at all, so only the count of
+    transfers tells a stage that moves from one that waits (live probe: a hung 3-stage pipeline
+    published no stack, and the live watch had nothing to read)."""
+    ring, recorder = FakeRing(), Recorder()
+    ring.status = lambda: pickle.dumps({"pg_status": {}})
+    tap = FlightRecorderTap(recorder, full_every_s=3600, dumps=ring.dumps(), main_thread_id=threading.get_ident())
+    for _ in range(6):  # a transfer returns between every two ticks: moving
+        recorder.transfers += 1
+        tap.snapshot()
+    assert [name for name, _ in recorder.events if name == "idle_outside_collectives"] == []
+    for _ in range(5):  # the count stands still
+        tap.snapshot()
+    idle = [args for name, args in recorder.events if name == "idle_outside_collectives"]
+    assert len(idle) == 1 and any(f["name"] == "test_a_rank_whose_transfers_stopped_publishes_its_stack_though_no_"
+                                               "group_exists_in_the_ring" for f in idle[0]["frames"])
