@@ -128,6 +128,6 @@ def _coalesce(part: Entries, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray
             continue
         members = [i for i in range(begin, end) if vocab.ops[part.op[i]] != "coalesced"]
         ops.append("coalesced(" + ",".join(vocab.ops[part.op[i]] for i in members) + ")")
-        shapes.append("[" + ",".join(vocab.shapes[part.shape[i]] for i in members) + "]")
+        shapes.append("[" + ",".join(vocab.text("shapes", part.shape[i]) for i in members) + "]")
         dtypes.append("[" + ",".join(vocab.text("dtypes", part.dtype[i]) for i in members) + "]")
     return vocab.codes("ops", ops), vocab.codes("shapes", shapes), vocab.codes("dtypes", dtypes)

@@ -19,7 +19,7 @@ from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import MISMATCH_KINDS, WAIT_KINDS, Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
 from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at, stack_file_places
-from rankstream.flows.diagnosis.published_stacks import current_places
+from rankstream.flows.diagnosis.published_stacks import BlockedCall, current_places
 from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
 from rankstream.schemas.errors import BadInput
@@ -122,6 +122,7 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
     _name_the_departed(result, endings)
     if not result.findings and endings is not None and not all(end.how == "goodbye" for end in endings.ends):
         result.findings[:] = blocked_transfer_findings(places())  # gloo's transfers
+        _name_a_failure_no_call_shows(result, endings, places())
     _cap(result, mismatch_cap)
     for finding in result.findings:
         if finding.culprit_ranks and finding.group is not None:
@@ -165,6 +166,56 @@ def _name_the_departed(result: Diagnosis, endings: Endings | None) -> None:
             finding.evidence = [f"{ranks_text(finding.culprit_ranks)} closed cleanly (its last heartbeat says "
                                 "goodbye) instead of issuing the call"] + [
                 line for line in finding.evidence if not line.startswith((WENT_NOWHERE, STALLED_OUTSIDE))]
+            _lead_over_extras(result, finding)
+
+
+def _name_a_failure_no_call_shows(result: Diagnosis, endings: Endings, places: dict) -> None:
+    """Ranks failed and no call shows why (the calls they waited in are not in the Flight
+    Recorder: gloo's ``monitored_barrier`` is sends and receives). When a rank closed cleanly
+    first and the failed ranks' stacks show them inside a ``torch.distributed`` call, the rank
+    that closed left the job early; otherwise the first failure leads, in its own words. Never
+    "healthy" for a job whose ranks failed (live probe 14: three ranks failed in a
+    monitored_barrier that a fourth had returned early from, and the run was called healthy)."""
+    if result.findings:
+        return
+    failed = sorted((end for end in endings.ends if end.how == "exception"), key=lambda end: end.at_ns or 0)
+    if not failed:
+        return
+    first_failure = failed[0].at_ns or 0
+    left = sorted(end.rank for end in endings.ends if end.how == "goodbye" and (end.at_ns or 0) <= first_failure)
+    inside = {end.rank: places.get(end.rank) for end in failed if isinstance(places.get(end.rank), BlockedCall)}
+    if left and inside:
+        calls = sorted({call.function for call in inside.values()})
+        result.findings.append(Finding(
+            kind="skipped_collective", culprit_ranks=left, expected={"op": " or ".join(calls)},
+            actual={"left": True}, waiting_ranks=sorted(end.rank for end in failed),
+            evidence=[f"{ranks_text(left)} closed cleanly (its last heartbeat says goodbye) before any other rank "
+                      "ended"] + [f"rank {rank}'s live stack shows it in {call}" for rank, call in inside.items()]
+                     + [f"then {ranks_text([end.rank for end in failed])} failed: {failed[0].reason[:300]}"]))
+        return
+    result.findings.append(Finding(kind="dead_rank", culprit_ranks=[failed[0].rank],
+                                   actual={"ended": endings.described(failed[0].rank)},
+                                   evidence=[f"rank {failed[0].rank} ended first on {failed[0].reason[:300]}; "
+                                             "no call in the Flight Recorder shows why"]))
+
+
+def _lead_over_extras(result: Diagnosis, departed: Finding) -> None:
+    """The ranks waiting in the call a departed rank never issued are not ranks that issued an
+    extra call when they are at least as many as the ranks that left (live probe 14: two of three
+    ranks waited in a final barrier after the third returned early, and the first of them was
+    named for "an extra barrier"). The departure leads; the extra calls are dropped, or, on a tie,
+    kept after it as the other reading."""
+    extras = [f for f in result.findings if f.kind == "extra_collective" and (f.group, f.seq) == (departed.group, departed.seq)]
+    if not extras:
+        return
+    waiting = sorted({rank for f in extras for rank in f.culprit_ranks} | set(departed.waiting_ranks))
+    if len(waiting) < len(departed.culprit_ranks):
+        return
+    departed.waiting_ranks = waiting
+    first = min(result.findings.index(f) for f in extras)
+    kept = [f for f in result.findings if f is not departed and (f not in extras or len(waiting) == len(departed.culprit_ranks))]
+    before = [f for f in result.findings[:first] if f in kept]
+    result.findings[:] = before + [departed] + [f for f in kept if f not in before]
 
 
 def _name_the_dead(result: Diagnosis, dead: set[int], endings: Endings | None) -> None:

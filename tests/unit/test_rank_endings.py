@@ -25,15 +25,16 @@ OTHER_PAIR = ("2", "tp")
 GONE = time.time_ns() - 60 * 10**9  # long enough ago that nobody is still running
 
 
-def _entry(record: int, group: tuple[str, str], seq: int, dtype: str = "Float") -> dict:
+def _entry(record: int, group: tuple[str, str], seq: int, dtype: str = "Float", op: str = "all_reduce") -> dict:
     return {"record_id": record, "process_group": group, "collective_seq_id": seq, "p2p_seq_id": 0,
-            "profiling_name": "gloo:all_reduce", "input_sizes": [[8]], "output_sizes": [[8]],
+            "profiling_name": f"gloo:{op}", "input_sizes": [[8]], "output_sizes": [[8]],
             "input_dtypes": [dtype], "output_dtypes": [dtype], "state": "scheduled",
             "time_created_ns": 0, "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
 
 
 def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None],
-           ended_here_ns: int | None = None, fatal: dict[int, str] | None = None):
+           ended_here_ns: int | None = None, fatal: dict[int, str] | None = None,
+           stacks: dict[int, list[dict]] | None = None):
     """A run of ``calls`` (rank -> its (group, seq) calls, in order) whose ranks ended as ``ends``
     says: rank -> ("goodbye", at), ("heartbeat", at), (exit reason, at) or None for a rank that
     said nothing; a rank of the job missing from ``ends`` was never heard from. An exit record is
@@ -62,6 +63,10 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
                         [rank, at, json.dumps({"reason": how})])
             con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
                         "VALUES ('run', ?, 's', ?, true)", [rank, at + 10**8])
+    for rank, frames in (stacks or {}).items():  # as the tap publishes a rank's stack while nothing moves
+        con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
+                    "VALUES ('run', ?, 'idle_outside_collectives', 'rankstream', 'i', ?, ?)",
+                    [rank, GONE - 5 * 10**9, json.dumps({"groups": {}, "frames": frames})])
     return diagnose_stored(Database.over(con, "endings"), "run", ended_here_ns=ended_here_ns, fatal=fatal).diagnosis
 
 
@@ -306,3 +311,74 @@ def test_a_peer_gloo_aborted_for_the_next_call_s_data_of_a_rank_that_skipped_is_
         result.root.headline()
     death = next(f for f in result.findings if f.kind == "dead_rank")
     assert death.culprit_ranks == [1] and death.inferred
+
+
+def _last_barrier(group: tuple[str, str], members: list[int], left: int, steps: int = 40) -> dict:
+    """``steps`` all_reduces of ``group``, then a barrier that every member but ``left`` issued."""
+    calls = {rank: [(WORLD, seq) for seq in range(1, steps + 1)] for rank in range(4)}
+    for rank in members:
+        if group != WORLD:
+            calls[rank] = calls[rank] + [(group, seq) for seq in range(1, steps + 1)]
+        if rank != left:
+            calls[rank].append((group, steps + 1, "Float", "barrier"))
+    return calls
+
+
+def test_ranks_waiting_in_a_last_barrier_a_rank_left_before_did_not_issue_an_extra_one():
+    """Live probe 14: rank 1 returned from main early and closed cleanly; ranks 0 and 2 then waited
+    in a final barrier, and rank 0 was named for "an extra barrier". Three ranks against one: the
+    one that left is the odd one."""
+    ends = {1: ("goodbye", GONE), 0: ("signal SIGTERM", GONE + 10**9), 2: ("signal SIGTERM", GONE + 10**9),
+            3: ("signal SIGTERM", GONE + 10**9)}
+    result = _store(_last_barrier(WORLD, [0, 1, 2, 3], left=1), ends)
+    assert (result.root.kind, result.root.culprit_ranks, result.root.waiting_ranks) == \
+        ("skipped_collective", [1], [0, 2, 3]), [f.headline() for f in result.findings]
+    assert result.root.headline().startswith("rank 1 left the job early: it ended cleanly instead of issuing "
+                                             "barrier #41 in group default_pg (pg 0)"), result.root.headline()
+    assert not any(f.kind == "extra_collective" for f in result.findings), [f.headline() for f in result.findings]
+
+
+def test_in_a_pair_the_departure_leads_and_the_extra_call_stays_as_the_other_reading():
+    ends = {1: ("goodbye", GONE), 0: ("signal SIGTERM", GONE + 10**9), 2: ("goodbye", GONE + 10**9),
+            3: ("goodbye", GONE + 10**9)}
+    result = _store(_last_barrier(PAIR, [0, 1], left=1), ends)
+    kinds = [(f.kind, f.culprit_ranks) for f in result.findings]
+    assert kinds[0] == ("skipped_collective", [1]) and ("extra_collective", [0]) in kinds[1:], kinds
+
+
+def test_a_stored_run_with_coalesced_calls_is_diagnosed():
+    """Entries sharing one call number (a coalesced call) joined their shapes as text, but a stored
+    run's shapes are keys resolved on demand: the diagnosis failed with a TypeError."""
+    calls = {rank: [(WORLD, 1), (WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    calls[3] = calls[3][:2]
+    result = _store(calls, {rank: ("goodbye", GONE) for rank in range(3)} | {3: ("signal SIGTERM", GONE + 10**9)})
+    assert result.root is not None and result.root.culprit_ranks == [3], [f.headline() for f in result.findings]
+
+
+MONITORED_BARRIER = [{"name": "monitored_barrier", "line": 5435,
+                      "filename": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"},
+                     {"name": "main", "filename": "/job/save.py", "line": 15}]
+FAILED_BARRIER = "uncaught RuntimeError: [Rank 0]: Rank 3 failed to pass monitoredBarrier in 20000 ms"
+
+
+def test_ranks_that_fail_in_a_call_the_recorder_does_not_show_after_one_left_name_the_one_that_left():
+    """Live probe 14: rank 3 returned early and closed; the others failed in gloo's
+    ``monitored_barrier`` (sends and receives: no entry), and the job, which exited 1, was "healthy"."""
+    calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    ends = {3: ("goodbye", GONE), **{rank: (FAILED_BARRIER, GONE + 20 * 10**9) for rank in range(3)}}
+    result = _store(calls, ends, stacks={rank: MONITORED_BARRIER for rank in range(3)})
+    assert (result.root.kind, result.root.culprit_ranks, result.root.waiting_ranks) == \
+        ("skipped_collective", [3], [0, 1, 2])
+    assert result.root.headline() == ("rank 3 left the job early: it ended cleanly instead of issuing "
+                                      "monitored_barrier; 3 ranks wait for it")
+
+
+def test_ranks_that_failed_with_no_call_to_show_why_are_no_healthy_job():
+    """Rank 3 closed first (its share was done), then rank 1 failed on its own: no stack shows the
+    failed rank inside a call, so its error leads."""
+    calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    ends = {3: ("goodbye", GONE), 1: ("uncaught OSError: disk full", GONE + 10**9),
+            0: ("signal SIGTERM", GONE + 2 * 10**9), 2: ("signal SIGTERM", GONE + 2 * 10**9)}
+    result = _store(calls, ends)
+    assert (result.verdict, result.root.kind, result.root.culprit_ranks) == ("crash", "dead_rank", [1])
+    assert result.root.headline().startswith("rank 1 ended on uncaught OSError: disk full")
