@@ -19,6 +19,7 @@ from typing import Any
 from rankstream.schemas.config import Config
 from rankstream.schemas.processes import start_ticks
 from rankstream.schemas.settings import LaunchEnvironment, flight_recorder_buffer_size
+from rankstream.schemas.stack_frames import frame_records
 from rankstream.schemas.topics import requests_topic
 from rankstream.producers.clock_sync import ClockRounds
 from rankstream.producers.flight_recorder import FlightRecorderTap
@@ -112,6 +113,15 @@ def _launching_process() -> str:
 CLOCK_ROUND_GRACE_S = 2.0
 #: After a failed clock-sync round, the first retry comes this soon (then 2x, 4x... up to the interval).
 CLOCK_RETRY_S = 1.0
+
+
+def _raised_at(traceback) -> list[dict]:
+    """The stack where an exception was raised (innermost frame first), as the tap records stacks."""
+    if traceback is None:
+        return []
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return frame_records(traceback.tb_frame)
 
 
 class RankSession:
@@ -230,7 +240,7 @@ class RankSession:
             stream.flush(timeout_s=10)
         self.producer.close(timeout_s)
 
-    def emergency_flush(self, reason: str) -> bool:
+    def emergency_flush(self, reason: str, frames: list[dict] | None = None) -> bool:
         """On a crash path: snapshot FR and push what is buffered, without closing anything. Only
         the first call works; a later one returns False at once: it is a signal that came during
         the first (torchrun's SIGTERM while an exception's flush reads the ring), and the path that
@@ -241,7 +251,8 @@ class RankSession:
             return False
         try:
             self.producer.emit("process_exit", "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=self.pid, tid=0,
-                               step=self.step, flow_id=None, correlation_id=None, args={"reason": reason})
+                               step=self.step, flow_id=None, correlation_id=None,
+                               args={"reason": reason, **({"frames": frames} if frames else {})})
             if self.tap:
                 self.tap.snapshot(full=True)
             self.producer.flush(timeout_s=3.0)
@@ -254,7 +265,8 @@ class RankSession:
         previous_hook = sys.excepthook
 
         def excepthook(kind, value, traceback):
-            self.emergency_flush(f"uncaught {kind.__name__}: {exception_text(value)}"[:300])
+            # where it was raised: inside a torch.distributed call the Flight Recorder may not show
+            self.emergency_flush(f"uncaught {kind.__name__}: {exception_text(value)}"[:300], _raised_at(traceback))
             previous_hook(kind, value, traceback)
 
         sys.excepthook = excepthook

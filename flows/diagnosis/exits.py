@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rankstream.flows.diagnosis.findings import ranks_text
 from rankstream.schemas.processes import process_alive
@@ -88,6 +88,8 @@ class RankEnd:
     #: When it ended: its exit record, else its last heartbeat (ns, on the rank's own clock: the
     #: ranks of one node share it; across nodes the first failure leads by its own flush).
     at_ns: int | None
+    #: Where an uncaught exception was raised (innermost frame first), from its exit record.
+    frames: list = field(default_factory=list, compare=False)
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,8 @@ def _ended_here(end: RankEnd, ended_here_ns: int) -> RankEnd:
 def _end(rank: int, heard: bool, goodbye: bool, last_ns: int | None, args: str | None, exit_ns: int | None,
          quiet_since_ns: int) -> RankEnd:
     if exit_ns is not None:  # before the goodbye: after an exception or a signal, atexit still closes
-        reason = _reason(args)
-        return RankEnd(rank, "exception" if reason.startswith("uncaught") else "signal", reason, exit_ns)
+        reason, frames = _reason(args)
+        return RankEnd(rank, "exception" if reason.startswith("uncaught") else "signal", reason, exit_ns, frames)
     if goodbye:
         return RankEnd(rank, "goodbye", None, last_ns)
     if not heard:
@@ -158,12 +160,15 @@ def _end(rank: int, heard: bool, goodbye: bool, last_ns: int | None, args: str |
     return RankEnd(rank, "silent", None, last_ns)
 
 
-def _reason(args: str | None) -> str:
+def _reason(args: str | None) -> tuple[str, list]:
+    """An exit record's reason, and the frames where its exception was raised (if it says)."""
     try:
-        reason = json.loads(args or "{}").get("reason")
+        record = json.loads(args or "{}")
+        reason, frames = record.get("reason"), record.get("frames")
     except (ValueError, AttributeError):  # a malformed record still says the rank ended
-        reason = None
-    return str(reason) if reason else "an unknown cause"
+        reason, frames = None, None
+    frames = frames if isinstance(frames, list) and all(isinstance(f, dict) for f in frames) else []
+    return (str(reason) if reason else "an unknown cause"), frames
 
 
 def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:

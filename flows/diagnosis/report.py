@@ -19,7 +19,7 @@ from rankstream.flows.diagnosis.exits import Endings, rank_endings
 from rankstream.flows.diagnosis.findings import MISMATCH_KINDS, WAIT_KINDS, Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
 from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at, stack_file_places
-from rankstream.flows.diagnosis.published_stacks import BlockedCall, current_places
+from rankstream.flows.diagnosis.published_stacks import BlockedCall, current_places, innermost_call
 from rankstream.flows.diagnosis.ring_progress import RingProgress
 from rankstream.flows.diagnosis.stored import load_stored
 from rankstream.schemas.errors import BadInput
@@ -172,8 +172,8 @@ def _name_the_departed(result: Diagnosis, endings: Endings | None) -> None:
 def _name_a_failure_no_call_shows(result: Diagnosis, endings: Endings, places: dict) -> None:
     """Ranks failed and no call shows why (the calls they waited in are not in the Flight
     Recorder: gloo's ``monitored_barrier`` is sends and receives). When a rank closed cleanly
-    first and the failed ranks' stacks show them inside a ``torch.distributed`` call, the rank
-    that closed left the job early; otherwise the first failure leads, in its own words. Never
+    first and the failed ranks' stacks (live, or where their exceptions were raised) show them
+    inside a ``torch.distributed`` call, the rank that closed left the job early; otherwise the first failure leads, in its own words. Never
     "healthy" for a job whose ranks failed (live probe 14: three ranks failed in a
     monitored_barrier that a fourth had returned early from, and the run was called healthy)."""
     if result.findings:
@@ -183,14 +183,15 @@ def _name_a_failure_no_call_shows(result: Diagnosis, endings: Endings, places: d
         return
     first_failure = failed[0].at_ns or 0
     left = sorted(end.rank for end in endings.ends if end.how == "goodbye" and (end.at_ns or 0) <= first_failure)
-    inside = {end.rank: places.get(end.rank) for end in failed if isinstance(places.get(end.rank), BlockedCall)}
+    inside = {end.rank: call for end in failed
+              if isinstance(call := places.get(end.rank) or innermost_call(end.frames), BlockedCall)}
     if left and inside:
         calls = sorted({call.function for call in inside.values()})
         result.findings.append(Finding(
             kind="skipped_collective", culprit_ranks=left, expected={"op": " or ".join(calls)},
             actual={"left": True}, waiting_ranks=sorted(end.rank for end in failed),
             evidence=[f"{ranks_text(left)} closed cleanly (its last heartbeat says goodbye) before any other rank "
-                      "ended"] + [f"rank {rank}'s live stack shows it in {call}" for rank, call in inside.items()]
+                      "ended"] + [f"rank {rank} was in {call}" for rank, call in inside.items()]
                      + [f"then {ranks_text([end.rank for end in failed])} failed: {failed[0].reason[:300]}"]))
         return
     result.findings.append(Finding(kind="dead_rank", culprit_ranks=[failed[0].rank],

@@ -100,3 +100,21 @@ def test_terminating_a_forked_worker_neither_ends_nor_flushes_the_rank(tmp_path)
     done = _run_script(FORKED, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "child default: True" in done.stdout and "parent alive" in done.stdout, done.stdout
+
+
+def test_an_uncaught_exception_s_record_says_where_it_was_raised():
+    from rankstream.producers.session import _raised_at
+
+    def monitored_barrier():
+        raise RuntimeError("Rank 3 failed to pass monitoredBarrier")
+
+    def main():
+        monitored_barrier()
+
+    try:
+        main()
+    except RuntimeError as exc:
+        frames = _raised_at(exc.__traceback__)
+    assert [frame["name"] for frame in frames[:3]] == ["monitored_barrier", "main",
+                                                       "test_an_uncaught_exception_s_record_says_where_it_was_raised"]
+    assert _raised_at(None) == []

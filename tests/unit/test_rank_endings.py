@@ -34,7 +34,7 @@ def _entry(record: int, group: tuple[str, str], seq: int, dtype: str = "Float", 
 
 def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, tuple[str, int] | None],
            ended_here_ns: int | None = None, fatal: dict[int, str] | None = None,
-           stacks: dict[int, list[dict]] | None = None):
+           stacks: dict[int, list[dict]] | None = None, raised_in: dict[int, list[dict]] | None = None):
     """A run of ``calls`` (rank -> its (group, seq) calls, in order) whose ranks ended as ``ends``
     says: rank -> ("goodbye", at), ("heartbeat", at), (exit reason, at) or None for a rank that
     said nothing; a rank of the job missing from ``ends`` was never heard from. An exit record is
@@ -60,7 +60,7 @@ def _store(calls: dict[int, list[tuple[tuple[str, str], int]]], ends: dict[int, 
         else:
             con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
                         "VALUES ('run', ?, 'process_exit', 'rankstream', 'i', ?, ?)",
-                        [rank, at, json.dumps({"reason": how})])
+                        [rank, at, json.dumps({"reason": how, "frames": (raised_in or {}).get(rank, [])})])
             con.execute("INSERT INTO heartbeats (run_id, rank, session_id, sent_ns, final) "
                         "VALUES ('run', ?, 's', ?, true)", [rank, at + 10**8])
     for rank, frames in (stacks or {}).items():  # as the tap publishes a rank's stack while nothing moves
@@ -371,6 +371,16 @@ def test_ranks_that_fail_in_a_call_the_recorder_does_not_show_after_one_left_nam
         ("skipped_collective", [3], [0, 1, 2])
     assert result.root.headline() == ("rank 3 left the job early: it ended cleanly instead of issuing "
                                       "monitored_barrier; 3 ranks wait for it")
+
+
+def test_where_the_failed_ranks_raised_names_the_one_that_left_when_no_stack_was_published():
+    """The barrier failed at once when rank 3's connection closed, before the tap published any
+    stack: the exit records say where each exception was raised."""
+    calls = {rank: [(WORLD, 1), (WORLD, 2)] for rank in range(4)}
+    ends = {3: ("goodbye", GONE), **{rank: (FAILED_BARRIER, GONE + 10**8) for rank in range(3)}}
+    result = _store(calls, ends, raised_in={rank: MONITORED_BARRIER for rank in range(3)})
+    assert (result.root.kind, result.root.culprit_ranks) == ("skipped_collective", [3]), result.root.headline()
+    assert "rank 0 was in monitored_barrier (distributed_c10d.py:5435, from save.py:15)" in result.root.evidence
 
 
 def test_ranks_that_failed_with_no_call_to_show_why_are_no_healthy_job():

@@ -50,3 +50,4 @@ def test_the_counting_wrapper_is_left_out_of_the_recorded_stack(monkeypatch):
         uninstall()
     names = [frame["name"] for frame in seen[0]]
     assert names[:2] == ["<lambda>", "test_the_counting_wrapper_is_left_out_of_the_recorded_stack"], names
+
