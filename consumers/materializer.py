@@ -44,14 +44,13 @@ _STATUS_EVERY_S = 2.0
 _INCARNATION_CHECK_S = 1.0
 #: DuckDB writes an insert of a row group (122,880 rows) or more straight into the database file;
 #: a smaller insert, or an insert's last partial row group, may be merged with its neighbours and
-#: written again when DuckDB checkpoints, inside a later commit. Three row groups per transaction
-#: or more leave no two partial groups close enough to merge: 0.2 us of CPU per event and no
-#: merge, against 0.3-0.55 us and checkpoints of 0.65 s (2-3 s under load) for commits of 14,000
-#: to 186,000 events (docs/benchmarks.md, "Ingest"). A trace event takes at least 68 bytes in a
-#: batch (3 string codes, 7 integers), so this many bytes of trace messages hold three row groups.
+#: written again when DuckDB checkpoints, inside a later commit. Three row groups or more per
+#: transaction leave no two partial groups close enough to merge (docs/benchmarks.md, "Ingest").
+#: A trace event takes at least 68 bytes in a batch (3 string codes, 7 integers), so this many
+#: bytes of trace messages hold three row groups.
 _TARGET_TRACE_BYTES = 3 * 122_880 * 80
-#: How long a poll that already holds an eighth of that may wait for the rest, at most: enough
-#: at 1M events/s (0.45 s), and a bound on the freshness it costs at lower rates.
+#: How long a poll that already holds an eighth of that may wait for the rest, at most: enough at
+#: the target rate, and a bound on the freshness it costs at lower rates.
 _HOLD_S = 0.6
 
 

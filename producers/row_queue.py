@@ -14,7 +14,7 @@ from typing import Any
 
 from rankstream.schemas.trace import TRACE_ROW_FIELDS
 
-__all__ = ["ROW_WIDTH", "RowQueue", "rows_of"]
+__all__ = ["ROW_WIDTH", "RowQueue", "rows_of", "columns_of"]
 
 ROW_WIDTH = len(TRACE_ROW_FIELDS)
 
@@ -52,3 +52,8 @@ def rows_of(columns: dict[str, list]) -> list[tuple]:
     """Columns (as ``RowQueue.take`` returns them) back to row tuples, for the rare path that
     checks events one by one."""
     return list(zip(*(columns[name] for name in TRACE_ROW_FIELDS)))
+
+
+def columns_of(rows: list[tuple]) -> dict[str, list]:
+    """Row tuples as columns named as ``TRACE_ROW_FIELDS`` (the inverse of ``rows_of``)."""
+    return {name: list(values) for name, values in zip(TRACE_ROW_FIELDS, zip(*rows))}

@@ -415,3 +415,15 @@ def test_a_message_failed_transiently_is_kept_and_delivered(make_config, bus):
     assert stats.events_dropped == 0 and stats.send_failures > 0  # counted, though nothing was lost
     batches = {(e.stream, e.session_id, e.seq): e for e in read_all(bus, config.topic_prefix)}  # resends share a key
     assert trace_events(batches.values()) == 3_000
+
+
+def test_an_event_dropped_as_invalid_is_counted_once_when_the_rest_must_be_split(make_config, bus):
+    """The events left after dropping an invalid one, too large for one message, are halved: the
+    dropped event must not come back in a half and be counted again."""
+    producer = Producer(run_id="r", rank=0, world_size=1, config=make_config(), transport=MemoryTransport(bus))
+    blob = "x" * (6 << 20)  # three of these exceed one message
+    for i in range(3):
+        producer.emit("big", ts_ns=i + 1, args={"blob": blob})
+    producer.emit("bad", ts_ns="not-a-time")
+    stats = producer.close(timeout_s=30)
+    assert (stats.events_sent, stats.events_dropped) == (3, 1), stats
