@@ -13,8 +13,8 @@ its stack shows it inside (probe 10 e05).
 
 A stack counts only while it is current: the rank's last heartbeat must report the same calls
 enqueued in each group, and the same count of transfers, as when the stack was taken (a rank that
-issued a call since says nothing by it). A call that completed since does not count: a rank torn down from a hang reports its
-blocked call completed (with an error) on its way out.
+issued a call since says nothing by it). A call that completed since does not count: a rank torn
+down from a hang reports its blocked call completed (with an error) on its way out.
 """
 
 from __future__ import annotations

@@ -104,10 +104,10 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
             result = Diagnosis([], [], len(endings.ends), sorted(endings.dead))
             _name_the_dead(result, dead, endings)
             return Report(run_id, result, {"read": time.perf_counter() - started, "diagnose": 0.0})
-        if endings and not all(end.how == "goodbye" for end in endings.ends):  # a pipeline of transfers alone
-            transfers = blocked_transfer_findings(current_places(database, run_id))
-            if transfers:
-                result = Diagnosis(transfers, sorted(end.rank for end in endings.ends), len(endings.ends), [])
+        if endings:  # a pipeline of transfers alone, calls gloo does not record
+            result = Diagnosis([], sorted(end.rank for end in endings.ends), len(endings.ends), [])
+            _read_what_no_entry_shows(result, endings, lambda: current_places(database, run_id))
+            if result.findings:
                 return Report(run_id, result, {"read": time.perf_counter() - started, "diagnose": 0.0})
         raise BadInput(f"run {run_id!r} has no Flight Recorder entries")
     read = time.perf_counter()
@@ -120,9 +120,7 @@ def diagnose_stored(database, run_id: str, *, mismatch_cap: int | None = None, d
                       places=places)
     _name_the_dead(result, dead, endings)
     _name_the_departed(result, endings)
-    if not result.findings and endings is not None and not all(end.how == "goodbye" for end in endings.ends):
-        result.findings[:] = blocked_transfer_findings(places())  # gloo's transfers
-        _name_a_failure_no_call_shows(result, endings, places())
+    _read_what_no_entry_shows(result, endings, places)
     _cap(result, mismatch_cap)
     for finding in result.findings:
         if finding.culprit_ranks and finding.group is not None:
@@ -169,13 +167,24 @@ def _name_the_departed(result: Diagnosis, endings: Endings | None) -> None:
             _lead_over_extras(result, finding)
 
 
+def _read_what_no_entry_shows(result: Diagnosis, endings: Endings | None, places) -> None:
+    """After the job, when the entries found nothing and some rank did not end cleanly: a hang of
+    transfers alone (gloo records none), read from the ranks' stacks; else a failure no call
+    shows. ``places``: the ranks' current places, read when needed."""
+    if result.findings or endings is None or all(end.how == "goodbye" for end in endings.ends):
+        return
+    result.findings[:] = blocked_transfer_findings(places())
+    _name_a_failure_no_call_shows(result, endings, places())
+
+
 def _name_a_failure_no_call_shows(result: Diagnosis, endings: Endings, places: dict) -> None:
     """Ranks failed and no call shows why (the calls they waited in are not in the Flight
     Recorder: gloo's ``monitored_barrier`` is sends and receives). When a rank closed cleanly
     first and the failed ranks' stacks (live, or where their exceptions were raised) show them
-    inside a ``torch.distributed`` call, the rank that closed left the job early; otherwise the first failure leads, in its own words. Never
-    "healthy" for a job whose ranks failed (live probe 14: three ranks failed in a
-    monitored_barrier that a fourth had returned early from, and the run was called healthy)."""
+    inside a ``torch.distributed`` call, the rank that closed left the job early; otherwise the
+    first failure leads, in its own words. Never "healthy" for a job whose ranks failed (live
+    probe 14: three ranks failed in a monitored_barrier that a fourth had returned early from, and
+    the run was called healthy)."""
     if result.findings:
         return
     failed = sorted((end for end in endings.ends if end.how == "exception"), key=lambda end: end.at_ns or 0)
@@ -206,7 +215,8 @@ def _lead_over_extras(result: Diagnosis, departed: Finding) -> None:
     ranks waited in a final barrier after the third returned early, and the first of them was
     named for "an extra barrier"). The departure leads; the extra calls are dropped, or, on a tie,
     kept after it as the other reading."""
-    extras = [f for f in result.findings if f.kind == "extra_collective" and (f.group, f.seq) == (departed.group, departed.seq)]
+    extras = [f for f in result.findings
+              if f.kind == "extra_collective" and (f.group, f.seq) == (departed.group, departed.seq)]
     if not extras:
         return
     waiting = sorted({rank for f in extras for rank in f.culprit_ranks} | set(departed.waiting_ranks))
@@ -214,7 +224,8 @@ def _lead_over_extras(result: Diagnosis, departed: Finding) -> None:
         return
     departed.waiting_ranks = waiting
     first = min(result.findings.index(f) for f in extras)
-    kept = [f for f in result.findings if f is not departed and (f not in extras or len(waiting) == len(departed.culprit_ranks))]
+    tie = len(waiting) == len(departed.culprit_ranks)
+    kept = [f for f in result.findings if f is not departed and (f not in extras or tie)]
     before = [f for f in result.findings[:first] if f in kept]
     result.findings[:] = before + [departed] + [f for f in kept if f not in before]
 
