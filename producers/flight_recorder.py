@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rankstream.producers.fr_reader import entry_from_dump, groups_from_pg_config, parse_dump, status_from_pg_status
+from rankstream.producers.transfer_count import posted_by
 from rankstream.schemas.stack_frames import frame_records
 
 __all__ = ["FlightRecorderTap", "FlightRecorderDumps"]
@@ -289,8 +290,10 @@ class FlightRecorderTap:
 
     def _report_stack(self, name: str, args: dict) -> None:
         """Publish the training thread's live Python stack (innermost frame first), with the
-        job's count of transfers then: the stack is current while the count stays."""
+        job's count of transfers then (the stack is current while the count stays) and the
+        transfers its last request-returning call posted (what a ``wait()`` there waits for)."""
         frames = frame_records(sys._current_frames().get(self._main_thread))
         self._producer.emit(name, "rankstream", "i", ts_ns=time.time_ns(), dur_ns=0, pid=0, tid=0, step=None,
                             flow_id=None, correlation_id=None,
-                            args={**args, "transfers": self._transfers_at_last_tick, "frames": frames})
+                            args={**args, "transfers": self._transfers_at_last_tick,
+                                  "posted": posted_by(self._main_thread), "frames": frames})

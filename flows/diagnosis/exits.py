@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from rankstream.flows.diagnosis.findings import ranks_text
 from rankstream.schemas.processes import process_alive
 
-__all__ = ["RankEnd", "Endings", "rank_endings", "SILENT"]
+__all__ = ["RankEnd", "Endings", "rank_endings", "SILENT", "only_a_wait_ended"]
 
 #: How a rank that left no word of its end is described.
 SILENT = "without a word (killed, aborted in native code or exited at once)"
@@ -188,12 +188,18 @@ def _who_died(ends: list[RankEnd]) -> tuple[frozenset[int], list[str]]:
         return frozenset(silent), [f"{ranks_text(silent)} ended {SILENT}, while {ranks_text([e.rank for e in spoke])} "
                                    f"said how they ended ({'; '.join(o[:120] for o in others)})"]
     failed = sorted((end for end in spoke if end.how == "exception"), key=lambda end: end.at_ns or 0)
-    causes = [end for end in failed if not _WAIT_ENDED.search(end.reason or "")]
+    causes = [end for end in failed if not only_a_wait_ended(end.reason)]
     if not causes:
         return frozenset(), []  # every exception says only that a wait ended: the dumps say why
     first, rest = causes[0], [end.rank for end in failed if end is not causes[0]]
     return frozenset({first.rank}), [f"rank {first.rank} ended first on {first.reason[:300]}"
                                      + (f"; then {ranks_text(rest)} failed too" if rest else "")]
+
+
+def only_a_wait_ended(reason: str | None) -> bool:
+    """Whether an exit reason says only that a wait ended (a timeout, a peer's closed
+    connection): the rank waited for is the cause, not the one that says so."""
+    return bool(_WAIT_ENDED.search(reason or ""))
 
 
 def _began_with_a_goodbye(ends: list[RankEnd]) -> bool:

@@ -182,8 +182,25 @@ def current_places(database, run_id: str) -> dict[int, BlockedCall | OutsideComm
             current = False
         frames = published.get("frames") or [] if current else []
         place = innermost_call(frames)
+        if isinstance(place, BlockedCall) and place.function == "wait":
+            place = _waited_for(place, published.get("posted"))
         if place is None and reason == "idle_outside_collectives":  # the tap saw no collective pending
             place = place_outside(frames)
         if place is not None:
             found[rank] = place
     return found
+
+
+def _waited_for(wait: BlockedCall, posted) -> BlockedCall:
+    """A request's ``wait()`` as the transfer the rank's last ``isend``/``irecv``/
+    ``batch_isend_irecv`` posted (``producers.transfer_count``): the request names no peer. Of
+    several, the receive: a stage waits for its input first. Unchanged when that is not one
+    transfer with a known peer."""
+    transfers = {(op, peer) for op, peer in posted if op in ("send", "recv") and type(peer) is int} \
+        if isinstance(posted, list) and all(isinstance(p, list) and len(p) == 2 for p in posted) else set()
+    receives = {t for t in transfers if t[0] == "recv"}
+    chosen = transfers if len(transfers) == 1 else receives if len(receives) == 1 else set()
+    if not chosen:
+        return wait
+    op, peer = next(iter(chosen))
+    return BlockedCall(op, wait.where, peer)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rankstream.flows.diagnosis.blocked_transfers import blocked_transfer_findings
 from rankstream.flows.diagnosis.engine import Diagnosis, diagnose, rooted
-from rankstream.flows.diagnosis.exits import Endings, rank_endings
+from rankstream.flows.diagnosis.exits import Endings, only_a_wait_ended, rank_endings
 from rankstream.flows.diagnosis.findings import MISMATCH_KINDS, WAIT_KINDS, Finding, ranks_text
 from rankstream.flows.diagnosis.hang_findings import STALLED_OUTSIDE, WENT_NOWHERE
 from rankstream.flows.diagnosis.loader import inside_for, load_directory, stack_at, stack_file_places
@@ -203,10 +203,13 @@ def _name_a_failure_no_call_shows(result: Diagnosis, endings: Endings, places: d
                       "ended"] + [f"rank {rank} was in {call}" for rank, call in inside.items()]
                      + [f"then {ranks_text([end.rank for end in failed])} failed: {failed[0].reason[:300]}"]))
         return
-    result.findings.append(Finding(kind="dead_rank", culprit_ranks=[failed[0].rank],
-                                   actual={"ended": endings.described(failed[0].rank)},
-                                   evidence=[f"rank {failed[0].rank} ended first on {failed[0].reason[:300]}; "
-                                             "no call in the Flight Recorder shows why"]))
+    first = next((end for end in failed if not only_a_wait_ended(end.reason)), failed[0])
+    evidence = [f"rank {first.rank} ended first on {first.reason[:300]}; no call in the Flight Recorder shows why"]
+    if only_a_wait_ended(first.reason):  # every failure is a wait that ended: the cause is unseen
+        evidence.append("its error says only that a wait ended: the rank it waited for, which no call or stack "
+                        "shows here, is the cause")
+    result.findings.append(Finding(kind="dead_rank", culprit_ranks=[first.rank], inferred=True,
+                                   actual={"ended": endings.described(first.rank)}, evidence=evidence))
 
 
 def _lead_over_extras(result: Diagnosis, departed: Finding) -> None:

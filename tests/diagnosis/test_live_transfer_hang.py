@@ -59,3 +59,20 @@ def test_stacks_that_still_move_are_no_hang_even_when_nothing_counts_transfers()
     published again whenever a rank's place changes, still show it moving."""
     con, now = _pipeline(transfers_moving=False, stacks_age_s=1.0)
     assert watch_pass(con, now_ns=now)[1] == []
+
+
+def test_stages_waiting_on_requests_are_followed_to_the_peers_they_posted_to():
+    """isend/irecv and batch_isend_irecv block in a request's ``wait()``, which names no peer: the
+    tap publishes what the rank's last such call posted, and the chain is followed through it."""
+    con, now = _pipeline(transfers_moving=False)
+    waiting = [{"name": "main", "filename": "/job/pipe.py", "line": 19, "waits_on_request": True},
+               {"name": "<module>", "filename": "/job/pipe.py", "line": 28}]
+    con.execute("DELETE FROM trace_events WHERE rank IN (1, 2)")
+    for rank in (1, 2):
+        con.execute("INSERT INTO trace_events (run_id, rank, name, cat, ph, ts_ns, args) "
+                    "VALUES ('pipe', ?, 'idle_outside_collectives', 'rankstream', 'i', ?, ?)",
+                    [rank, now - 8 * SECOND, json.dumps({"groups": PROGRESS, "frames": waiting,
+                                                         "posted": [["recv", rank - 1], ["send", rank + 1]]})])
+    [(_, finding)] = watch_pass(con, now_ns=now)[1]
+    assert (finding.culprit_ranks, finding.waiting_ranks) == ([0], [1, 2])
+    assert finding.headline().startswith("rank 0 never posted its send to rank 1 (stalled at pipe.py:33 in <module>)")

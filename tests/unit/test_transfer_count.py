@@ -51,3 +51,35 @@ def test_the_counting_wrapper_is_left_out_of_the_recorded_stack(monkeypatch):
     names = [frame["name"] for frame in seen[0]]
     assert names[:2] == ["<lambda>", "test_the_counting_wrapper_is_left_out_of_the_recorded_stack"], names
 
+
+
+def test_the_peers_a_request_returning_call_posted_are_noted_for_the_thread(monkeypatch):
+    """A rank blocked in a request's ``wait()`` waits for the peers its last ``isend``/``irecv``/
+    ``batch_isend_irecv`` posted: the request does not name them (live probe 15: pipelines of
+    isend/irecv and of batch_isend_irecv hung unnamed until gloo's timeout)."""
+    import threading
+
+    from rankstream.producers.transfer_count import posted_by
+
+    monkeypatch.setattr(distributed_c10d, "isend", lambda tensor, dst=None, group=None, tag=0, group_dst=None: "work")
+    monkeypatch.setattr(dist, "isend", distributed_c10d.isend)
+    monkeypatch.setattr(distributed_c10d, "irecv", lambda tensor, src=None, group=None, tag=0, group_src=None: "work")
+    monkeypatch.setattr(dist, "irecv", distributed_c10d.irecv)
+
+    class Op:
+        def __init__(self, op, peer):
+            self.op, self.peer = op, peer
+
+    monkeypatch.setattr(distributed_c10d, "batch_isend_irecv", lambda ops: ["work" for _ in ops])
+    monkeypatch.setattr(dist, "batch_isend_irecv", distributed_c10d.batch_isend_irecv)
+    uninstall = install(lambda: None)
+    me = threading.get_ident()
+    try:
+        dist.isend("tensor", 2)
+        assert posted_by(me) == [["send", 2]]
+        dist.irecv("tensor", group_src=1)  # as batch_isend_irecv calls it, in the default group
+        assert posted_by(me) == [["recv", 1]]
+        dist.batch_isend_irecv([Op(dist.irecv, 0), Op(dist.isend, 3)])
+        assert posted_by(me) == [["recv", 0], ["send", 3]]
+    finally:
+        uninstall()
