@@ -37,9 +37,9 @@ class RowQueue:
         ``TRACE_ROW_FIELDS``. The training thread may extend the list meanwhile: it only adds at
         the end, past what is taken."""
         end = events * ROW_WIDTH
-        taken = self.items[:end]
+        columns = {name: self.items[index:end:ROW_WIDTH] for index, name in enumerate(TRACE_ROW_FIELDS)}
         del self.items[:end]
-        return {name: taken[index::ROW_WIDTH] for index, name in enumerate(TRACE_ROW_FIELDS)}
+        return columns
 
     def clear(self) -> int:
         """Drop every queued row; returns how many there were."""

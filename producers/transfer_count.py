@@ -13,8 +13,9 @@ thread posted (``posted_by``): a rank blocked in a request's ``wait()`` waits fo
 which the request does not name. The tap publishes them with the rank's stack.
 
 The wrappers replace the module attributes, so calls made as ``dist.send(...)`` are counted; a
-name the job imported before the session started (``from torch.distributed import send``) keeps
-the original function, and its calls are not.
+name the job imported before the session started (``from torch.distributed import isend``) keeps
+the original function, and its calls are not (``send`` and ``recv`` call ``isend``/``irecv``
+through the module in torch 2.13, so theirs still are).
 """
 
 from __future__ import annotations

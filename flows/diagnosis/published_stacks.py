@@ -196,8 +196,9 @@ def _waited_for(wait: BlockedCall, posted) -> BlockedCall:
     ``batch_isend_irecv`` posted (``producers.transfer_count``): the request names no peer. Of
     several, the receive: a stage waits for its input first. Unchanged when that is not one
     transfer with a known peer."""
-    transfers = {(op, peer) for op, peer in posted if op in ("send", "recv") and type(peer) is int} \
-        if isinstance(posted, list) and all(isinstance(p, list) and len(p) == 2 for p in posted) else set()
+    if not (isinstance(posted, list) and all(isinstance(p, list) and len(p) == 2 for p in posted)):
+        return wait
+    transfers = {(op, peer) for op, peer in posted if op in ("send", "recv") and type(peer) is int}
     receives = {t for t in transfers if t[0] == "recv"}
     chosen = transfers if len(transfers) == 1 else receives if len(receives) == 1 else set()
     if not chosen:
